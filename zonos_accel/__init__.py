@@ -1,0 +1,1 @@
+"""GPU accelerators for :mod:`zonos`, selected by flags; never imported by ``zonos`` at load time."""

@@ -1,0 +1,46 @@
+"""Tiny random Zonos checkpoints for CPU tests: the real configs' structure at toy widths."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+DATA = Path(__file__).parent / "data"
+
+
+def real_config(kind: str) -> dict:
+    """The published config.json of ``hybrid`` or ``transformer``."""
+    return json.loads((DATA / f"zonos-v0.1-{kind}_config.json").read_text())
+
+
+def tiny_config(kind: str) -> dict:
+    """The published config with small widths: 4 hybrid layers (attention at 0 and 2) or 2 transformer layers."""
+    cfg = real_config(kind)
+    bb = cfg["backbone"]
+    bb.update(d_model=64, attn_mlp_d_intermediate=96)
+    bb["attn_cfg"].update(num_heads=4, num_heads_kv=2, rotary_emb_dim=16)
+    if kind == "hybrid":
+        bb.update(n_layer=4, attn_layer_idx=[0, 2])
+        bb["ssm_cfg"].update(d_state=16, headdim=16, chunk_size=8)
+    else:
+        bb.update(n_layer=2, attn_layer_idx=[0, 1])
+    return cfg
+
+
+def random_state_dict(model: torch.nn.Module, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Random values for every tensor of ``model``'s state dict, scaled so activations stay O(1)."""
+    gen = torch.Generator().manual_seed(seed)
+    out = {}
+    for name, t in model.state_dict().items():
+        if name.endswith(("A_log", "dt_bias")):
+            out[name] = t.detach().clone()  # keep the mixer's sensible decay/step ranges
+            continue
+        fan_in = t.shape[-1] if t.ndim >= 2 else 1
+        scale = 1.0 if (t.ndim == 1 or "embed" in name or "uncond" in name) else fan_in**-0.5
+        if name.endswith(("norm.weight", "norm2.weight", "norm_f.weight")):
+            out[name] = 1 + 0.1 * torch.randn(t.shape, generator=gen)
+        else:
+            out[name] = scale * torch.randn(t.shape, generator=gen)
+    return out

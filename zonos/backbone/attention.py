@@ -1,0 +1,112 @@
+"""Grouped-query causal self-attention with rotary embeddings and a preallocated KV cache, and the gated MLP."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from zonos import ops
+
+
+class KVCache:
+    """Per-layer keys and values for ``max_seqlen`` positions (fixed addresses)."""
+
+    def __init__(self, k: torch.Tensor, v: torch.Tensor):
+        self.k = k  # (b, max_seqlen, kv_heads, head_dim)
+        self.v = v
+
+    def zero_(self) -> None:
+        self.k.zero_()
+        self.v.zero_()
+
+
+class Attention(nn.Module):
+    """mamba_ssm-style MHA: one fused qkv projection (q heads, then k heads, then v heads), rotary, SDPA."""
+
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        num_heads_kv: int,
+        head_dim: int,
+        rotary_emb_dim: int,
+        rotary_emb_base: float,
+        rotary_emb_interleaved: bool,
+        qkv_proj_bias: bool,
+        out_proj_bias: bool,
+        causal: bool = True,
+    ):
+        super().__init__()
+        if not causal:
+            raise ValueError("attn_cfg.causal=False is not supported: Zonos decodes autoregressively")
+        self.num_heads, self.num_heads_kv, self.head_dim = num_heads, num_heads_kv, head_dim
+        self.rotary_dim, self.rotary_base, self.interleaved = rotary_emb_dim, rotary_emb_base, rotary_emb_interleaved
+        self.in_proj = nn.Linear(d_model, (num_heads + 2 * num_heads_kv) * head_dim, bias=qkv_proj_bias)
+        self.out_proj = nn.Linear(num_heads * head_dim, d_model, bias=out_proj_bias)
+
+    def allocate_cache(self, batch_size: int, max_seqlen: int, device: torch.device, dtype: torch.dtype) -> KVCache:
+        shape = (batch_size, max_seqlen, self.num_heads_kv, self.head_dim)
+        return KVCache(torch.zeros(shape, device=device, dtype=dtype), torch.zeros(shape, device=device, dtype=dtype))
+
+    def _qkv(self, u: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        b, l, _ = u.shape
+        qkv = self.in_proj(u)
+        q, k, v = torch.split(
+            qkv, [self.num_heads * self.head_dim, self.num_heads_kv * self.head_dim, self.num_heads_kv * self.head_dim], -1
+        )
+        q = q.view(b, l, self.num_heads, self.head_dim)
+        k = k.view(b, l, self.num_heads_kv, self.head_dim)
+        v = v.view(b, l, self.num_heads_kv, self.head_dim)
+        if self.rotary_dim:
+            cos, sin = ops.rotary_cos_sin(positions, self.rotary_dim, self.rotary_base, u.dtype)
+            q = ops.apply_rotary(q, cos, sin, self.interleaved)
+            k = ops.apply_rotary(k, cos, sin, self.interleaved)
+        return q, k, v
+
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | bool) -> torch.Tensor:
+        # (b, l, h, d) → (b, h, l, d) for SDPA; GQA shares each kv head among num_heads // num_heads_kv heads.
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+        if isinstance(mask, bool):
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=mask, enable_gqa=True)
+        else:
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+        b, _, l, _ = o.shape
+        return self.out_proj(o.transpose(1, 2).reshape(b, l, self.num_heads * self.head_dim))
+
+    def forward(self, u: torch.Tensor, cache: KVCache, start: int) -> torch.Tensor:
+        """Process (b, l, d) tokens at positions start..start+l-1, writing their keys and values to the cache."""
+        l = u.shape[1]
+        end = start + l
+        if end > cache.k.shape[1]:
+            raise ValueError(f"sequence of {end} tokens exceeds the allocated cache of {cache.k.shape[1]}")
+        q, k, v = self._qkv(u, torch.arange(start, end, device=u.device))
+        cache.k[:, start:end] = k
+        cache.v[:, start:end] = v
+        if start == 0:
+            return self._attend(q, k, v, True)
+        # Query i (absolute start + i) sees keys 0..start + i.
+        mask = torch.arange(end, device=u.device)[None, :] <= torch.arange(start, end, device=u.device)[:, None]
+        return self._attend(q, cache.k[:, :end], cache.v[:, :end], mask)
+
+    def step(self, u: torch.Tensor, cache: KVCache, position: torch.Tensor) -> torch.Tensor:
+        """One token (b, 1, d) at the device scalar ``position``; attends over the whole preallocated cache
+        with a mask, so the same kernels serve every position (graph-safe)."""
+        q, k, v = self._qkv(u, position.view(1))
+        cache.k.index_copy_(1, position.view(1), k)
+        cache.v.index_copy_(1, position.view(1), v)
+        mask = torch.arange(cache.k.shape[1], device=u.device) <= position
+        return self._attend(q, cache.k, cache.v, mask[None, :])
+
+
+class GatedMLP(nn.Module):
+    """fc1 → [value | gate] → value · SiLU(gate) → fc2, no biases."""
+
+    def __init__(self, d_model: int, hidden: int):
+        super().__init__()
+        self.fc1 = nn.Linear(d_model, 2 * hidden, bias=False)
+        self.fc2 = nn.Linear(hidden, d_model, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y, gate = self.fc1(x).chunk(2, dim=-1)
+        return self.fc2(y * F.silu(gate))

@@ -1,0 +1,124 @@
+"""The Mamba2 mixer (mamba_ssm's ``Mamba2`` with the defaults Zonos uses), split into prefill and step."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from zonos import ops
+from zonos.ops.conv import conv_context
+
+
+class Mamba2Cache:
+    """Per-layer decode cache: the last ``d_conv`` conv inputs and the SSM state (fixed addresses)."""
+
+    def __init__(self, conv: torch.Tensor, ssm: torch.Tensor):
+        self.conv = conv  # (b, conv_dim, d_conv)
+        self.ssm = ssm  # (b, heads, headdim, d_state)
+
+    def zero_(self) -> None:
+        self.conv.zero_()
+        self.ssm.zero_()
+
+
+class Mamba2Mixer(nn.Module):
+    """in_proj → [z | x B C | dt] → causal conv + SiLU on xBC → SSD → gated RMSNorm with z → out_proj."""
+
+    def __init__(
+        self,
+        d_model: int,
+        d_state: int = 128,
+        d_conv: int = 4,
+        expand: int = 2,
+        headdim: int = 64,
+        ngroups: int = 1,
+        chunk_size: int = 256,
+        norm_eps: float = 1e-5,
+    ):
+        super().__init__()
+        self.d_inner = expand * d_model
+        if self.d_inner % headdim:
+            raise ValueError(f"expand * d_model = {self.d_inner} is not a multiple of headdim = {headdim}")
+        self.nheads = self.d_inner // headdim
+        self.headdim, self.d_state, self.d_conv = headdim, d_state, d_conv
+        self.ngroups, self.chunk_size, self.norm_eps = ngroups, chunk_size, norm_eps
+        self.conv_dim = self.d_inner + 2 * ngroups * d_state
+
+        self.in_proj = nn.Linear(d_model, 2 * self.d_inner + 2 * ngroups * d_state + self.nheads, bias=False)
+        self.conv1d = nn.Conv1d(self.conv_dim, self.conv_dim, d_conv, groups=self.conv_dim, padding=d_conv - 1)
+        self.dt_bias = nn.Parameter(torch.empty(self.nheads))
+        self.A_log = nn.Parameter(torch.empty(self.nheads))
+        self.D = nn.Parameter(torch.empty(self.nheads))
+        self.norm = nn.Module()  # keeps the checkpoint name ``mixer.norm.weight``
+        self.norm.weight = nn.Parameter(torch.empty(self.d_inner))
+        self.out_proj = nn.Linear(self.d_inner, d_model, bias=False)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Random initialization in mamba_ssm's ranges (real weights come from the checkpoint)."""
+        if self.dt_bias.is_meta:
+            return
+        with torch.no_grad():
+            dt = torch.exp(torch.rand(self.nheads) * (math.log(0.1) - math.log(0.001)) + math.log(0.001))
+            self.dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))  # inverse softplus
+            self.A_log.copy_(torch.log(torch.empty(self.nheads).uniform_(1, 16)))
+            self.D.fill_(1.0)
+            self.norm.weight.fill_(1.0)
+
+    def allocate_cache(self, batch_size: int, device: torch.device, dtype: torch.dtype) -> Mamba2Cache:
+        return Mamba2Cache(
+            torch.zeros(batch_size, self.conv_dim, self.d_conv, device=device, dtype=dtype),
+            torch.zeros(batch_size, self.nheads, self.headdim, self.d_state, device=device, dtype=dtype),
+        )
+
+    def _split(self, zxbcdt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return torch.split(zxbcdt, [self.d_inner, self.conv_dim, self.nheads], dim=-1)
+
+    def _dt_A(self, dt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Step sizes softplus(dt + dt_bias) and decay rates -exp(A_log), in at least float32."""
+        cdt = ops.compute_dtype(dt.dtype)
+        return F.softplus(dt.to(cdt) + self.dt_bias.to(cdt)), -torch.exp(self.A_log.to(cdt))
+
+    def _out(self, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        y = ops.gated_rms_norm(y, z, self.norm.weight, self.norm_eps, self.d_inner // self.ngroups)
+        return self.out_proj(y)
+
+    def forward(self, u: torch.Tensor, cache: Mamba2Cache, start: int) -> torch.Tensor:
+        """Process (b, l, d) tokens that follow ``start`` earlier ones; updates the cache."""
+        b, l, _ = u.shape
+        z, xbc, dt = self._split(self.in_proj(u))
+        first = start == 0
+        new_context = conv_context(xbc, self.d_conv, None if first else cache.conv)
+        xbc = ops.causal_conv1d(xbc, self.conv1d.weight, self.conv1d.bias, None if first else cache.conv)
+        cache.conv.copy_(new_context)
+        x, B, C = torch.split(xbc, [self.d_inner, self.ngroups * self.d_state, self.ngroups * self.d_state], dim=-1)
+        y, final = ops.ssd_scan(
+            x.reshape(b, l, self.nheads, self.headdim),
+            *self._dt_A(dt),
+            B.reshape(b, l, self.ngroups, self.d_state),
+            C.reshape(b, l, self.ngroups, self.d_state),
+            self.chunk_size,
+            D=self.D,
+            initial_state=None if first else cache.ssm,
+        )
+        cache.ssm.copy_(final)
+        return self._out(y.reshape(b, l, self.d_inner), z)
+
+    def step(self, u: torch.Tensor, cache: Mamba2Cache) -> torch.Tensor:
+        """One token (b, 1, d) → (b, 1, d), updating the cache in place (no host work, graph-safe)."""
+        b = u.shape[0]
+        z, xbc, dt = self._split(self.in_proj(u[:, 0]))
+        xbc = ops.conv_step(cache.conv, xbc, self.conv1d.weight, self.conv1d.bias)
+        x, B, C = torch.split(xbc, [self.d_inner, self.ngroups * self.d_state, self.ngroups * self.d_state], dim=-1)
+        y = ops.ssd_step(
+            cache.ssm,
+            x.reshape(b, self.nheads, self.headdim),
+            *self._dt_A(dt),
+            B.reshape(b, self.ngroups, self.d_state),
+            C.reshape(b, self.ngroups, self.d_state),
+            D=self.D,
+        )
+        return self._out(y.reshape(b, 1, self.d_inner), z[:, None])

@@ -1,0 +1,371 @@
+"""Zonos: loading, conditioning and generation (prefill → step → sample → emit)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+
+import torch
+import torch.nn as nn
+from safetensors import safe_open
+from tqdm import tqdm
+
+from zonos.backbone import InferenceState, ZonosBackbone
+from zonos.codebook_pattern import apply_delay_pattern, revert_delay_pattern
+from zonos.conditioning import PrefixConditioner
+from zonos.config import ZonosConfig
+from zonos.hub import resolve_file
+from zonos.sampling import SamplingParams, sample_from_logits
+
+N_CODEBOOKS = 9  # the DAC 44.1 kHz codec's residual codebooks
+CODEBOOK_SIZE = 1024
+UNKNOWN = -1  # a delayed-code slot not generated yet
+DEFAULT_CODEC = "descript/dac_44khz"
+
+
+def default_device() -> torch.device:
+    """CUDA when available, else CPU."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def default_dtype(device: torch.device) -> torch.dtype:
+    """bf16 on accelerators (what the checkpoints were trained and upstream runs in), fp32 on CPU."""
+    return torch.float32 if device.type == "cpu" else torch.bfloat16
+
+
+class Zonos(nn.Module):
+    """The Zonos text-to-speech model: prefix conditioner, backbone, 9 code embeddings and 9 heads.
+
+    ``autoencoder`` (the DAC codec) is not part of the state dict; it is loaded on first use from
+    ``descript/dac_44khz`` unless one is given.
+    """
+
+    def __init__(self, config: ZonosConfig, autoencoder=None, max_seqlen: int = 4096):
+        super().__init__()
+        self.config = config
+        d = config.backbone.d_model
+        self.eos_token_id = config.eos_token_id
+        self.masked_token_id = config.masked_token_id
+        self.max_seqlen = max_seqlen
+        self.backbone = ZonosBackbone(config.backbone)
+        self.prefix_conditioner = PrefixConditioner(config.prefix_conditioner, d)
+        self.embeddings = nn.ModuleList([nn.Embedding(CODEBOOK_SIZE + 2, d) for _ in range(N_CODEBOOKS)])
+        self.heads = nn.ModuleList([nn.Linear(d, CODEBOOK_SIZE + 1, bias=False) for _ in range(N_CODEBOOKS)])
+        # Upstream pads the 1025-row heads by (1025 mod multiple) zero rows after loading and masks the pad to
+        # -inf; the pad's width matters because the repetition penalty clamps MASK ids to the last column.
+        m = config.pad_vocab_to_multiple_of
+        self.logit_width = CODEBOOK_SIZE + 1 + ((CODEBOOK_SIZE + 1) % m if m else 0)
+        self._autoencoder = autoencoder
+        self._state: InferenceState | None = None
+
+    # ----------------------------------------------------------------------------------------- loading
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        repo_id: str,
+        revision: str | None = None,
+        device: str | torch.device | None = None,
+        dtype: torch.dtype | None = None,
+        cache_dir: str | None = None,
+        **kwargs,
+    ) -> "Zonos":
+        """Load ``config.json`` and ``model.safetensors`` from a Hub repo (e.g. ``Zyphra/Zonos-v0.1-hybrid``)
+        or a local directory holding them. Other keyword arguments go to :meth:`from_local`."""
+        config_path = resolve_file(repo_id, "config.json", revision, cache_dir)
+        model_path = resolve_file(repo_id, "model.safetensors", revision, cache_dir)
+        return cls.from_local(config_path, model_path, device=device, dtype=dtype, **kwargs)
+
+    @classmethod
+    def from_local(
+        cls,
+        config_path: str | os.PathLike,
+        model_path: str | os.PathLike,
+        device: str | torch.device | None = None,
+        dtype: torch.dtype | None = None,
+        autoencoder=None,
+        max_seqlen: int = 4096,
+    ) -> "Zonos":
+        """Load from a ``config.json`` and a ``model.safetensors``.
+
+        Args:
+            device: defaults to CUDA when available, else CPU.
+            dtype: defaults to bf16 on accelerators and fp32 on CPU.
+            autoencoder: a :class:`zonos.codec.DACAutoencoder`; None loads ``descript/dac_44khz`` on first use.
+            max_seqlen: longest prefix + generated sequence the decode caches are allocated for.
+        """
+        device = torch.device(device) if device is not None else default_device()
+        dtype = dtype or default_dtype(device)
+        config = ZonosConfig.from_json(config_path)
+        with torch.device("meta"):
+            model = cls(config, autoencoder=autoencoder, max_seqlen=max_seqlen)
+        state = {}
+        with safe_open(str(model_path), framework="pt", device="cpu") as f:
+            for key in f.keys():
+                state[key] = f.get_tensor(key)
+        model.load_checkpoint(state, device=device, dtype=dtype)
+        return model.eval()
+
+    def load_checkpoint(self, state: dict[str, torch.Tensor], device: torch.device | str, dtype: torch.dtype) -> None:
+        """Strictly load a state dict (names and shapes must match the config), casting floats to ``dtype``."""
+        expected = self.state_dict()
+        missing = sorted(set(expected) - set(state))
+        unexpected = sorted(set(state) - set(expected))
+        misshaped = sorted(
+            f"{k}: checkpoint {tuple(state[k].shape)} vs config {tuple(expected[k].shape)}"
+            for k in set(state) & set(expected)
+            if state[k].shape != expected[k].shape
+        )
+        if missing or unexpected or misshaped:
+            lines = ["checkpoint does not match the config:"]
+            for title, items in (("missing", missing), ("unexpected", unexpected), ("mis-shaped", misshaped)):
+                if items:
+                    shown = ", ".join(items[:8]) + (f", … ({len(items) - 8} more)" if len(items) > 8 else "")
+                    lines.append(f"  {len(items)} {title}: {shown}")
+            lines.append("Check that config.json and model.safetensors come from the same model.")
+            raise ValueError("\n".join(lines))
+        state = {k: (v.to(device, dtype) if v.is_floating_point() else v.to(device)) for k, v in state.items()}
+        self.load_state_dict(state, strict=True, assign=True)
+
+    @property
+    def device(self) -> torch.device:
+        return self.norm_weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.norm_weight.dtype
+
+    @property
+    def norm_weight(self) -> torch.Tensor:
+        return self.backbone.norm_f.weight
+
+    @property
+    def autoencoder(self):
+        """The DAC codec (``decode(codes)``, ``encode(wav)``, ``preprocess(wav, sr)``, ``sampling_rate``)."""
+        if self._autoencoder is None:
+            from zonos.codec import DACAutoencoder
+
+            self._autoencoder = DACAutoencoder.from_pretrained(DEFAULT_CODEC, device=self.device)
+        return self._autoencoder
+
+    @autoencoder.setter
+    def autoencoder(self, value) -> None:
+        self._autoencoder = value
+
+    # ------------------------------------------------------------------------------------ conditioning
+
+    def prepare_conditioning(self, cond_dict: dict, uncond_dict: dict | None = None) -> torch.Tensor:
+        """Conditional prefix stacked over the unconditional one along the batch: (2B, L, d).
+
+        Without ``uncond_dict`` the unconditional branch keeps only the required keys (the text), so every
+        other conditioner uses its learned unconditional vector.
+        """
+        if uncond_dict is None:
+            uncond_dict = {k: cond_dict[k] for k in self.prefix_conditioner.required_keys if k in cond_dict}
+        prefix = torch.cat([self.prefix_conditioner(cond_dict), self.prefix_conditioner(uncond_dict)])
+        self._check_length(prefix.shape[1], 1)
+        return prefix
+
+    def _check_length(self, prefix_len: int, new_frames: int) -> int:
+        needed = prefix_len + new_frames + N_CODEBOOKS
+        if needed > self.max_seqlen:
+            raise ValueError(
+                f"the prefix is {prefix_len} tokens and {new_frames} new frames need {N_CODEBOOKS} more steps: "
+                f"{needed} > max_seqlen {self.max_seqlen}. Split the text into shorter pieces (e.g. sentences), "
+                "lower max_new_tokens, or load the model with a larger max_seqlen."
+            )
+        return needed
+
+    # -------------------------------------------------------------------------------------- the network
+
+    def embed_codes(self, codes: torch.Tensor) -> torch.Tensor:
+        """(b, 9, l) code ids → (b, l, d): the sum of the 9 codebook embeddings."""
+        return sum(emb(codes[:, k]) for k, emb in enumerate(self.embeddings))
+
+    def apply_heads(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(b, d) → float logits (b, 9, logit_width); the padded columns are -inf (never sampled)."""
+        logits = torch.stack([head(hidden) for head in self.heads], dim=1).float()
+        pad = self.logit_width - logits.shape[-1]
+        if pad:
+            logits = torch.cat([logits, logits.new_full((*logits.shape[:2], pad), float("-inf"))], dim=-1)
+        return logits
+
+    def _guided_logits(self, last_hidden: torch.Tensor, cfg_scale: float) -> torch.Tensor:
+        logits = self.apply_heads(last_hidden)
+        if cfg_scale != 1.0:
+            cond, uncond = logits.chunk(2)
+            logits = uncond + (cond - uncond) * cfg_scale
+        # Only codebook 0 may end the sequence.
+        logits[:, 1:, self.eos_token_id] = float("-inf")
+        return logits
+
+    def _prefill(self, prefix: torch.Tensor, codes: torch.Tensor, state: InferenceState, cfg_scale: float) -> torch.Tensor:
+        if cfg_scale != 1.0:
+            codes = codes.repeat(2, 1, 1)
+        hidden = torch.cat([prefix, self.embed_codes(codes)], dim=1)
+        return self._guided_logits(self.backbone(hidden, state)[:, -1], cfg_scale)
+
+    def _step(self, codes: torch.Tensor, state: InferenceState, cfg_scale: float) -> torch.Tensor:
+        hidden = self.embed_codes(codes)
+        if cfg_scale != 1.0:
+            hidden = hidden.repeat(2, 1, 1)
+        return self._guided_logits(self.backbone.step(hidden, state)[:, -1], cfg_scale)
+
+    def _inference_state(self, batch_size: int) -> InferenceState:
+        """The decode caches, reused across requests while the batch size and length fit (fixed addresses)."""
+        s = self._state
+        if s is None or s.batch_size != batch_size or s.max_seqlen != self.max_seqlen or s.position.device != self.device:
+            s = self._state = self.backbone.allocate_inference_state(batch_size, self.max_seqlen)
+        else:
+            s.reset()
+        return s
+
+    # --------------------------------------------------------------------------------------- generation
+
+    def _validate(self, prefix: torch.Tensor, audio_prefix_codes, max_new_tokens, cfg_scale, batch_size):
+        d = self.config.backbone.d_model
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+        if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
+        if not isinstance(prefix, torch.Tensor) or prefix.ndim != 3 or prefix.shape[-1] != d:
+            raise ValueError(f"prefix_conditioning must be a (batch, length, {d}) tensor from prepare_conditioning")
+        if prefix.device != self.device:
+            raise ValueError(f"prefix_conditioning is on {prefix.device} but the model is on {self.device}: move it with .to()")
+        halves = 2 if cfg_scale != 1.0 else 1
+        if prefix.shape[0] not in (halves, halves * batch_size) and not (halves == 1 and prefix.shape[0] == 2):
+            raise ValueError(
+                f"prefix_conditioning has batch {prefix.shape[0]}; with cfg_scale={cfg_scale} and batch_size={batch_size} "
+                f"it must be {halves} (shared by the batch) or {halves * batch_size} (cond rows, then uncond rows)"
+            )
+        if audio_prefix_codes is not None:
+            a = audio_prefix_codes
+            if not isinstance(a, torch.Tensor) or a.ndim != 3 or a.shape[1] != N_CODEBOOKS or a.shape[0] not in (1, batch_size):
+                raise ValueError(f"audio_prefix_codes must be (1 or batch_size, {N_CODEBOOKS}, frames) codes from autoencoder.encode")
+            if a.is_floating_point() or a.numel() and (a.min() < 0 or a.max() >= CODEBOOK_SIZE):
+                raise ValueError(f"audio_prefix_codes must be integer codes in 0..{CODEBOOK_SIZE - 1}")
+
+    def _arrange_prefix(self, prefix: torch.Tensor, cfg_scale: float, batch_size: int) -> torch.Tensor:
+        """To (2B or B, L, d): cond rows for every batch item, then uncond rows."""
+        prefix = prefix.to(self.dtype)
+        if cfg_scale == 1.0:
+            if prefix.shape[0] == 2 and batch_size != 2:  # a cond ‖ uncond pair: guidance off uses the cond half
+                prefix = prefix[:1]
+            return prefix.expand(batch_size, -1, -1) if prefix.shape[0] == 1 else prefix
+        if prefix.shape[0] == 2:
+            cond, uncond = prefix.chunk(2)
+            return torch.cat([cond.expand(batch_size, -1, -1), uncond.expand(batch_size, -1, -1)])
+        return prefix
+
+    def _decode_loop(
+        self,
+        prefix: torch.Tensor,
+        audio_prefix_codes: torch.Tensor | None,
+        max_new_tokens: int,
+        cfg_scale: float,
+        batch_size: int,
+        params: SamplingParams,
+        generator: torch.Generator | None,
+        progress_bar: bool,
+    ) -> Iterator[tuple[torch.Tensor, int]]:
+        """The decode loop. Yields ``(delayed_codes, offset)`` each time column ``offset`` has been written;
+        columns ≤ offset are final. Stops after EOS has reached the last codebook or at max_new_tokens."""
+        device = self.device
+        prefix_audio_len = 0 if audio_prefix_codes is None else audio_prefix_codes.shape[2]
+        self._check_length(prefix.shape[1] + prefix_audio_len, max_new_tokens)
+        state = self._inference_state(prefix.shape[0])
+
+        codes = torch.full((batch_size, N_CODEBOOKS, prefix_audio_len + max_new_tokens), UNKNOWN, device=device)
+        if audio_prefix_codes is not None:
+            codes[..., :prefix_audio_len] = audio_prefix_codes.to(device)
+        delayed = apply_delay_pattern(codes, self.masked_token_id)
+
+        offset = prefix_audio_len + 1
+        logits = self._prefill(prefix, delayed[..., :offset], state, cfg_scale)
+        tokens = sample_from_logits(logits, params, None, generator)[..., 0]
+        self._write(delayed, offset, tokens)
+        yield delayed, offset
+
+        stopping = torch.zeros(batch_size, dtype=torch.bool, device=device)
+        max_steps = delayed.shape[2] - offset
+        remaining = torch.full((batch_size,), max_steps, device=device)
+        codebook = torch.arange(N_CODEBOOKS, device=device)
+        with tqdm(total=max_steps - 1, desc="Generating", unit="frame", disable=not progress_bar) as progress:
+            while offset < delayed.shape[2] - 1:
+                offset += 1
+                logits = self._step(delayed[..., offset - 1 : offset], state, cfg_scale)
+                tokens = sample_from_logits(logits, params, delayed[..., :offset], generator)[..., 0]
+                # After EOS in codebook 0, each later step writes EOS one codebook further (MASK before it),
+                # so the delayed codebooks end together 9 steps later.
+                eos = tokens[:, 0] == self.eos_token_id
+                remaining = torch.where(eos, remaining.clamp(max=N_CODEBOOKS), remaining)
+                stopping |= eos
+                eos_cb = (N_CODEBOOKS - remaining).clamp(max=N_CODEBOOKS - 1)[:, None]
+                tokens = torch.where(stopping[:, None] & (codebook < eos_cb), self.masked_token_id, tokens)
+                tokens = torch.where(stopping[:, None] & (codebook == eos_cb), self.eos_token_id, tokens)
+                self._write(delayed, offset, tokens)
+                remaining -= 1
+                progress.update()
+                yield delayed, offset
+                if not bool((remaining > 0).any()):
+                    break
+
+    @staticmethod
+    def _write(delayed: torch.Tensor, offset: int, tokens: torch.Tensor) -> None:
+        """Fill the still-unknown slots of column ``offset`` with sampled tokens (b, 9)."""
+        column = delayed[..., offset]
+        delayed[..., offset] = torch.where(column == UNKNOWN, tokens, column)
+
+    def _frames(self, delayed: torch.Tensor, offset: int) -> torch.Tensor:
+        """Frames complete once column ``offset`` is written, cut before the EOS frame when every row has
+        one (upstream's length), with EOS/MASK codes replaced by 0 so the result decodes directly."""
+        codes = revert_delay_pattern(delayed)[..., : max(offset - N_CODEBOOKS + 1, 0)]
+        eos = codes[:, 0] == self.eos_token_id
+        if codes.shape[-1] and bool(eos.any(-1).all()):
+            codes = codes[..., : int(eos.int().argmax(-1).max())]
+        return codes.masked_fill(codes >= CODEBOOK_SIZE, 0)
+
+    @torch.inference_mode()
+    def generate(
+        self,
+        prefix_conditioning: torch.Tensor,
+        audio_prefix_codes: torch.Tensor | None = None,
+        max_new_tokens: int = 86 * 30,
+        cfg_scale: float = 2.0,
+        batch_size: int = 1,
+        sampling_params: dict | None = None,
+        progress_bar: bool = True,
+        disable_torch_compile: bool = True,
+        callback: Callable[[torch.Tensor, int, int], bool] | None = None,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
+        """Generate codes (batch_size, 9, frames) for a prefix from :meth:`prepare_conditioning`.
+
+        Args:
+            prefix_conditioning: (2, L, d) cond ‖ uncond prefix (shared by the batch) or (2·batch_size, L, d).
+            audio_prefix_codes: (1 or batch_size, 9, T) codes of audio to continue; returned codes include them.
+            max_new_tokens: most frames to generate (86 ≈ one second).
+            cfg_scale: classifier-free guidance; 1.0 turns it off (only the conditional half runs).
+            sampling_params: :class:`zonos.sampling.SamplingParams` fields; default ``{"min_p": 0.1}``.
+            progress_bar: show a tqdm bar.
+            disable_torch_compile: accepted for upstream compatibility; nothing here compiles.
+            callback: called as ``callback(frame, step, max_steps)`` after each step; returning False stops.
+            generator: a ``torch.Generator`` on the model's device, for reproducible sampling.
+
+        EOS/MASK codes in the result are replaced by 0, as upstream does, so it decodes directly.
+        """
+        params = SamplingParams.from_dict({"min_p": 0.1} if sampling_params is None else sampling_params)
+        self._validate(prefix_conditioning, audio_prefix_codes, max_new_tokens, cfg_scale, batch_size)
+        prefix = self._arrange_prefix(prefix_conditioning, cfg_scale, batch_size)
+        delayed, offset, step = None, 0, 0
+        max_steps = None
+        for delayed, offset in self._decode_loop(
+            prefix, audio_prefix_codes, max_new_tokens, cfg_scale, batch_size, params, generator, progress_bar
+        ):
+            if max_steps is None:
+                max_steps = delayed.shape[2] - offset
+                continue
+            step += 1
+            if callback is not None and not callback(delayed[..., offset : offset + 1], step, max_steps):
+                break
+        return self._frames(delayed, offset)

@@ -1,0 +1,22 @@
+"""Op boundary of the model: the pure-PyTorch reference of every op the backbone calls.
+
+Each function here is the specification a fast path (Triton, CuTeDSL) must equal; the tests compare
+fast paths against these on fresh random inputs.
+"""
+
+from zonos.ops.precision import compute_dtype
+from zonos.ops.conv import causal_conv1d, conv_step
+from zonos.ops.norms import gated_rms_norm
+from zonos.ops.rotary import apply_rotary, rotary_cos_sin
+from zonos.ops.ssd import ssd_scan, ssd_step
+
+__all__ = [
+    "apply_rotary",
+    "causal_conv1d",
+    "compute_dtype",
+    "conv_step",
+    "gated_rms_norm",
+    "rotary_cos_sin",
+    "ssd_scan",
+    "ssd_step",
+]

@@ -1,0 +1,38 @@
+"""Rotary position embedding in both pairings the published checkpoints use.
+
+The hybrid's attention (mamba_ssm MHA with flash-attn rotary) rotates half-split pairs (i, i + d/2);
+the transformer's rotates interleaved pairs (2i, 2i + 1). Getting this wrong loads fine and sounds wrong.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from zonos.ops.precision import compute_dtype
+
+
+def rotary_cos_sin(
+    positions: torch.Tensor, rotary_dim: int, base: float, dtype: torch.dtype = torch.float32
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin tables (..., rotary_dim / 2) for integer ``positions`` (any shape), rounded to ``dtype``
+    (flash-attn caches them in the activation dtype)."""
+    cdt = compute_dtype(dtype)
+    inv_freq = 1.0 / (base ** (torch.arange(0, rotary_dim, 2, device=positions.device, dtype=cdt) / rotary_dim))
+    angles = positions.to(cdt)[..., None] * inv_freq
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool) -> torch.Tensor:
+    """Rotate the first ``2 * cos.shape[-1]`` channels of x (b, l, heads, d); cos/sin are (l, r) or (b, l, r)."""
+    r = cos.shape[-1]
+    cdt = compute_dtype(x.dtype)
+    rot, rest = x[..., : 2 * r].to(cdt), x[..., 2 * r :]
+    cos = cos.to(cdt).unsqueeze(-2)  # broadcast over heads
+    sin = sin.to(cdt).unsqueeze(-2)
+    if interleaved:
+        x1, x2 = rot[..., 0::2], rot[..., 1::2]
+        out = torch.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).flatten(-2)
+    else:
+        x1, x2 = rot[..., :r], rot[..., r:]
+        out = torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+    return torch.cat([out.to(x.dtype), rest], dim=-1)

@@ -1,0 +1,129 @@
+"""Mamba2 structured state-space duality (SSD): the chunked prefill scan and the one-token step.
+
+Recurrence, per batch b, head h (headdim p, state size n, group g = h // (heads / groups)):
+
+    state_t = exp(dt_t · A_h) · state_{t-1} + dt_t · x_t ⊗ B_t        (p × n)
+    y_t     = state_t · C_t + D_h · x_t
+
+``dt`` is already positive (softplus applied by the caller). The chunked scan evaluates the same
+recurrence in blocks of ``chunk_size`` tokens: a quadratic (attention-like) form inside each chunk,
+a recurrence over chunk boundary states between chunks. It computes in float32 (float64 when the
+inputs are float64) and returns y in the dtype of ``x``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def _segment_sum(a: torch.Tensor) -> torch.Tensor:
+    """(..., T) → (..., T, T) with out[i, j] = a[j+1] + … + a[i] for i ≥ j and −inf above the diagonal.
+
+    Built from masked cumulative sums rather than a difference of cumsums, which loses precision.
+    """
+    t = a.shape[-1]
+    a = a[..., None].expand(*a.shape, t)  # a[..., k, j] = a_k
+    strictly_lower = torch.ones(t, t, dtype=torch.bool, device=a.device).tril(-1)
+    seg = torch.cumsum(a.masked_fill(~strictly_lower, 0), dim=-2)
+    return seg.masked_fill(~torch.ones(t, t, dtype=torch.bool, device=a.device).tril(0), float("-inf"))
+
+
+def _heads_from_groups(t: torch.Tensor, nheads: int) -> torch.Tensor:
+    """(b, l, g, n) → (b, l, heads, n): each group serves heads // g consecutive heads."""
+    return t.repeat_interleave(nheads // t.shape[2], dim=2)
+
+
+def ssd_scan(
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    chunk_size: int,
+    D: torch.Tensor | None = None,
+    initial_state: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Chunked SSD scan over a whole sequence.
+
+    Args:
+        x: (b, l, h, p) inputs.
+        dt: (b, l, h) positive step sizes.
+        A: (h,) negative decay rates.
+        B, C: (b, l, g, n) input and output projections, g groups shared by h // g heads.
+        chunk_size: block length of the chunked form; any l works (the last chunk may be partial).
+        D: (h,) skip connection, or None.
+        initial_state: (b, h, p, n) state before the first token, or None for zeros.
+
+    Returns:
+        y (b, l, h, p) in x's dtype, and the final state (b, h, p, n) in the compute dtype.
+    """
+    b, l, h, p = x.shape
+    cdt = torch.float64 if x.dtype == torch.float64 else torch.float32
+    n_chunks = -(-l // chunk_size)
+    pad = n_chunks * chunk_size - l
+    # Padding tokens get dt = 0: they neither decay the state nor add to it, so the final state is exact.
+    xs = F.pad(x.to(cdt), (0, 0, 0, 0, 0, pad))
+    dts = F.pad(dt.to(cdt), (0, 0, 0, pad))
+    Bs = F.pad(_heads_from_groups(B, h).to(cdt), (0, 0, 0, 0, 0, pad))
+    Cs = F.pad(_heads_from_groups(C, h).to(cdt), (0, 0, 0, 0, 0, pad))
+
+    def chunks(t: torch.Tensor) -> torch.Tensor:
+        return t.reshape(b, n_chunks, chunk_size, *t.shape[2:])
+
+    X = chunks(xs * dts[..., None])  # (b, c, s, h, p): dt-weighted inputs
+    Bc, Cc = chunks(Bs), chunks(Cs)  # (b, c, s, h, n)
+    a = chunks(dts * A.to(cdt)).permute(0, 3, 1, 2)  # (b, h, c, s): log-decay per token
+    a_cum = torch.cumsum(a, dim=-1)
+
+    # Inside each chunk: y_t += sum_{s<=t} (C_t·B_s) exp(a_{s+1..t}) X_s
+    decay = torch.exp(_segment_sum(a))  # (b, h, c, t, s)
+    y = torch.einsum("bcthn,bcshn,bhcts,bcshp->bcthp", Cc, Bc, decay, X)
+
+    # State contributed by each chunk alone, measured at the chunk's end.
+    to_end = torch.exp(a_cum[..., -1:] - a_cum)  # (b, h, c, s)
+    chunk_states = torch.einsum("bcshn,bhcs,bcshp->bchpn", Bc, to_end, X)
+
+    # Recurrence over chunk boundaries, starting from the initial state.
+    if initial_state is None:
+        initial_state = torch.zeros(b, h, p, Bc.shape[-1], dtype=cdt, device=x.device)
+    states = torch.cat([initial_state.to(cdt)[:, None], chunk_states], dim=1)  # (b, c+1, h, p, n)
+    chunk_decay = torch.exp(_segment_sum(F.pad(a_cum[..., -1], (1, 0))))  # (b, h, c+1, c+1)
+    states = torch.einsum("bhzc,bchpn->bzhpn", chunk_decay, states)
+    prev_states, final_state = states[:, :-1], states[:, -1]
+
+    # Contribution of the state entering each chunk: y_t += exp(a_{1..t}) C_t · state_in
+    y = y + torch.einsum("bcthn,bchpn,bhct->bcthp", Cc, prev_states, torch.exp(a_cum))
+
+    y = y.reshape(b, n_chunks * chunk_size, h, p)[:, :l]
+    if D is not None:
+        y = y + x.to(cdt) * D.to(cdt)[:, None]
+    return y.to(x.dtype), final_state
+
+
+def ssd_step(
+    state: torch.Tensor,
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    D: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """One token of the recurrence; updates ``state`` (b, h, p, n) in place and returns y (b, h, p).
+
+    Args: x (b, h, p), dt (b, h) positive, A (h,), B and C (b, g, n), D (h,) or None.
+    Computes in float32 (float64 for float64 state) and stores the state back in its own dtype.
+    """
+    h = x.shape[1]
+    cdt = torch.float64 if state.dtype == torch.float64 else torch.float32
+    Bh = B.repeat_interleave(h // B.shape[1], dim=1).to(cdt)  # (b, h, n)
+    Ch = C.repeat_interleave(h // C.shape[1], dim=1).to(cdt)
+    dt = dt.to(cdt)
+    xs = x.to(cdt)
+    new = state.to(cdt) * torch.exp(dt * A.to(cdt))[..., None, None] + (dt[..., None] * xs)[..., None] * Bh[:, :, None]
+    state.copy_(new)
+    y = torch.einsum("bhpn,bhn->bhp", new, Ch)
+    if D is not None:
+        y = y + xs * D.to(cdt)[:, None]
+    return y.to(x.dtype)

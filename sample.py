@@ -1,0 +1,93 @@
+#!/usr/bin/env python3
+"""Text to a 44.1 kHz wav with Zonos.
+
+Example:
+    python sample.py --text "Hello from Zonos." --out hello.wav
+    python sample.py --model ./my-zonos-dir --device cpu --seed 1 --text "Hallo Welt" --language de
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import torch
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        description="Synthesize speech from text with a Zonos checkpoint and write it to a wav file.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--text", default="It would be nice to have time for testing, indeed.", help="the text to speak")
+    p.add_argument("--out", default="sample.wav", help="output wav path (44.1 kHz, mono, float)")
+    p.add_argument(
+        "--model",
+        default="Zyphra/Zonos-v0.1-hybrid",
+        help="Hugging Face repo id (Zyphra/Zonos-v0.1-hybrid or Zyphra/Zonos-v0.1-transformer) "
+        "or a local directory holding config.json and model.safetensors",
+    )
+    p.add_argument(
+        "--codec",
+        default="descript/dac_44khz",
+        help="the DAC codec: Hugging Face repo id or a local directory with config.json and model.safetensors",
+    )
+    p.add_argument("--language", default="en-us", help="eSpeak language code (see zonos.conditioning.supported_language_codes)")
+    p.add_argument(
+        "--speaker-embedding",
+        default=None,
+        help="optional file holding a 128-value speaker embedding saved with torch.save (e.g. from "
+        "make_speaker_embedding); without it the model's unconditional speaker is used",
+    )
+    p.add_argument("--seed", type=int, default=None, help="random seed for reproducible sampling")
+    p.add_argument("--cfg-scale", type=float, default=2.0, help="classifier-free guidance scale; 1.0 disables guidance")
+    p.add_argument("--min-p", type=float, default=0.1, help="min-p sampling threshold (0 disables it)")
+    p.add_argument(
+        "--max-new-tokens", type=int, default=86 * 30, help="most frames to generate; 86 frames are about one second"
+    )
+    p.add_argument("--device", default=None, help="torch device, e.g. cuda, cuda:1 or cpu (default: cuda if available)")
+    p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from zonos.audio import save_audio
+    from zonos.codec import DACAutoencoder
+    from zonos.conditioning import make_cond_dict
+    from zonos.model import Zonos, default_device
+
+    device = torch.device(args.device) if args.device else default_device()
+    speaker = None
+    if args.speaker_embedding:
+        speaker = torch.load(args.speaker_embedding, map_location="cpu", weights_only=True)
+    t0 = time.perf_counter()
+    codec = DACAutoencoder.from_pretrained(args.codec, device=device)
+    model = Zonos.from_pretrained(args.model, device=device, autoencoder=codec)
+    print(f"loaded {args.model} on {device} in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+
+    cond = make_cond_dict(text=args.text, language=args.language, speaker=speaker, device=device)
+    prefix = model.prepare_conditioning(cond)
+    generator = None
+    if args.seed is not None:
+        generator = torch.Generator(device=device).manual_seed(args.seed)
+    t0 = time.perf_counter()
+    codes = model.generate(
+        prefix,
+        max_new_tokens=args.max_new_tokens,
+        cfg_scale=args.cfg_scale,
+        sampling_params={"min_p": args.min_p},
+        progress_bar=not args.no_progress,
+        generator=generator,
+    )
+    wav = model.autoencoder.decode(codes)[0]
+    elapsed = time.perf_counter() - t0
+    seconds = wav.shape[-1] / model.autoencoder.sampling_rate
+    save_audio(args.out, wav.cpu(), model.autoencoder.sampling_rate)
+    print(f"wrote {args.out}: {seconds:.2f} s of audio in {elapsed:.2f} s (real-time factor {seconds / elapsed:.2f}x)", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -33,7 +33,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="descript/dac_44khz",
         help="the DAC codec: Hugging Face repo id or a local directory with config.json and model.safetensors",
     )
-    p.add_argument("--language", default="en-us", help="eSpeak language code (see zonos.conditioning.supported_language_codes)")
+    p.add_argument(
+        "--language", default="en-us", help="eSpeak language code (see zonos.conditioning.supported_language_codes)"
+    )
     p.add_argument(
         "--speaker-embedding",
         default=None,
@@ -85,7 +87,10 @@ def main(argv: list[str] | None = None) -> int:
     elapsed = time.perf_counter() - t0
     seconds = wav.shape[-1] / model.autoencoder.sampling_rate
     save_audio(args.out, wav.cpu(), model.autoencoder.sampling_rate)
-    print(f"wrote {args.out}: {seconds:.2f} s of audio in {elapsed:.2f} s (real-time factor {seconds / elapsed:.2f}x)", file=sys.stderr)
+    print(
+        f"wrote {args.out}: {seconds:.2f} s of audio in {elapsed:.2f} s (real-time factor {seconds / elapsed:.2f}x)",
+        file=sys.stderr,
+    )
     return 0
 
 

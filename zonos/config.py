@@ -93,7 +93,7 @@ class ZonosConfig:
     pad_vocab_to_multiple_of: int = 8
 
     @classmethod
-    def from_dict(cls, d: dict) -> "ZonosConfig":
+    def from_dict(cls, d: dict) -> ZonosConfig:
         """Build from the parsed ``config.json`` dict."""
         try:
             d = dict(d)
@@ -104,7 +104,7 @@ class ZonosConfig:
         return cls(backbone=backbone, prefix_conditioner=prefix, **d)
 
     @classmethod
-    def from_json(cls, path: str | Path) -> "ZonosConfig":
+    def from_json(cls, path: str | Path) -> ZonosConfig:
         """Read a ``config.json`` file."""
         with open(path, encoding="utf-8") as f:
             return cls.from_dict(json.load(f))

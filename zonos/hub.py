@@ -6,7 +6,9 @@ import os
 from pathlib import Path
 
 
-def resolve_file(repo_or_dir: str | os.PathLike, filename: str, revision: str | None = None, cache_dir: str | None = None) -> str:
+def resolve_file(
+    repo_or_dir: str | os.PathLike, filename: str, revision: str | None = None, cache_dir: str | None = None
+) -> str:
     """Path of ``filename`` from a local directory, or from the Hub cache (downloading if allowed).
 
     A repo id that cannot be fetched (offline mode, no network, nothing cached) raises ``FileNotFoundError``
@@ -33,4 +35,6 @@ def resolve_file(repo_or_dir: str | os.PathLike, filename: str, revision: str | 
             f"holding {filename} instead of the repo id."
         ) from e
     except (RepositoryNotFoundError, EntryNotFoundError) as e:
-        raise FileNotFoundError(f"{repo_id} has no file {filename} (revision {revision or 'main'}): check the repo id") from e
+        raise FileNotFoundError(
+            f"{repo_id} has no file {filename} (revision {revision or 'main'}): check the repo id"
+        ) from e

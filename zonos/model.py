@@ -69,7 +69,7 @@ class Zonos(nn.Module):
         dtype: torch.dtype | None = None,
         cache_dir: str | None = None,
         **kwargs,
-    ) -> "Zonos":
+    ) -> Zonos:
         """Load ``config.json`` and ``model.safetensors`` from a Hub repo (e.g. ``Zyphra/Zonos-v0.1-hybrid``)
         or a local directory holding them. Other keyword arguments go to :meth:`from_local`."""
         config_path = resolve_file(repo_id, "config.json", revision, cache_dir)
@@ -85,7 +85,7 @@ class Zonos(nn.Module):
         dtype: torch.dtype | None = None,
         autoencoder=None,
         max_seqlen: int = 4096,
-    ) -> "Zonos":
+    ) -> Zonos:
         """Load from a ``config.json`` and a ``model.safetensors``.
 
         Args:
@@ -183,23 +183,25 @@ class Zonos(nn.Module):
         return sum(emb(codes[:, k]) for k, emb in enumerate(self.embeddings))
 
     def apply_heads(self, hidden: torch.Tensor) -> torch.Tensor:
-        """(b, d) → float logits (b, 9, logit_width); the padded columns are -inf (never sampled)."""
-        logits = torch.stack([head(hidden) for head in self.heads], dim=1).float()
-        pad = self.logit_width - logits.shape[-1]
-        if pad:
-            logits = torch.cat([logits, logits.new_full((*logits.shape[:2], pad), float("-inf"))], dim=-1)
-        return logits
+        """(b, d) → float logits (b, 9, 1025) over the codes and EOS."""
+        return torch.stack([head(hidden) for head in self.heads], dim=1).float()
 
     def _guided_logits(self, last_hidden: torch.Tensor, cfg_scale: float) -> torch.Tensor:
+        """Heads, classifier-free guidance, then upstream's padding to ``logit_width`` with -inf columns."""
         logits = self.apply_heads(last_hidden)
         if cfg_scale != 1.0:
             cond, uncond = logits.chunk(2)
             logits = uncond + (cond - uncond) * cfg_scale
+        pad = self.logit_width - logits.shape[-1]
+        if pad:
+            logits = torch.cat([logits, logits.new_full((*logits.shape[:2], pad), float("-inf"))], dim=-1)
         # Only codebook 0 may end the sequence.
         logits[:, 1:, self.eos_token_id] = float("-inf")
         return logits
 
-    def _prefill(self, prefix: torch.Tensor, codes: torch.Tensor, state: InferenceState, cfg_scale: float) -> torch.Tensor:
+    def _prefill(
+        self, prefix: torch.Tensor, codes: torch.Tensor, state: InferenceState, cfg_scale: float
+    ) -> torch.Tensor:
         if cfg_scale != 1.0:
             codes = codes.repeat(2, 1, 1)
         hidden = torch.cat([prefix, self.embed_codes(codes)], dim=1)
@@ -214,7 +216,12 @@ class Zonos(nn.Module):
     def _inference_state(self, batch_size: int) -> InferenceState:
         """The decode caches, reused across requests while the batch size and length fit (fixed addresses)."""
         s = self._state
-        if s is None or s.batch_size != batch_size or s.max_seqlen != self.max_seqlen or s.position.device != self.device:
+        if (
+            s is None
+            or s.batch_size != batch_size
+            or s.max_seqlen != self.max_seqlen
+            or s.position.device != self.device
+        ):
             s = self._state = self.backbone.allocate_inference_state(batch_size, self.max_seqlen)
         else:
             s.reset()
@@ -231,7 +238,9 @@ class Zonos(nn.Module):
         if not isinstance(prefix, torch.Tensor) or prefix.ndim != 3 or prefix.shape[-1] != d:
             raise ValueError(f"prefix_conditioning must be a (batch, length, {d}) tensor from prepare_conditioning")
         if prefix.device != self.device:
-            raise ValueError(f"prefix_conditioning is on {prefix.device} but the model is on {self.device}: move it with .to()")
+            raise ValueError(
+                f"prefix_conditioning is on {prefix.device} but the model is on {self.device}: move it with .to()"
+            )
         halves = 2 if cfg_scale != 1.0 else 1
         if prefix.shape[0] not in (halves, halves * batch_size) and not (halves == 1 and prefix.shape[0] == 2):
             raise ValueError(
@@ -240,8 +249,15 @@ class Zonos(nn.Module):
             )
         if audio_prefix_codes is not None:
             a = audio_prefix_codes
-            if not isinstance(a, torch.Tensor) or a.ndim != 3 or a.shape[1] != N_CODEBOOKS or a.shape[0] not in (1, batch_size):
-                raise ValueError(f"audio_prefix_codes must be (1 or batch_size, {N_CODEBOOKS}, frames) codes from autoencoder.encode")
+            if (
+                not isinstance(a, torch.Tensor)
+                or a.ndim != 3
+                or a.shape[1] != N_CODEBOOKS
+                or a.shape[0] not in (1, batch_size)
+            ):
+                raise ValueError(
+                    f"audio_prefix_codes must be (1 or batch_size, {N_CODEBOOKS}, frames) codes from autoencoder.encode"
+                )
             if a.is_floating_point() or a.numel() and (a.min() < 0 or a.max() >= CODEBOOK_SIZE):
                 raise ValueError(f"audio_prefix_codes must be integer codes in 0..{CODEBOOK_SIZE - 1}")
 

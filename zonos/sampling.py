@@ -28,7 +28,7 @@ class SamplingParams:
     repetition_penalty_window: int = 2
 
     @classmethod
-    def from_dict(cls, params: dict | None) -> "SamplingParams":
+    def from_dict(cls, params: dict | None) -> SamplingParams:
         """Validate a ``sampling_params`` dict (as passed to ``generate``)."""
         params = dict(params or {})
         known = {f.name for f in fields(cls)}
@@ -53,7 +53,9 @@ def apply_repetition_penalty(logits: torch.Tensor, recent: torch.Tensor, penalty
     logits (b, n_q, V), recent (b, n_q, w) token ids; ids ≥ V are clamped to V - 1 as upstream does.
     """
     recent = recent.clamp(max=logits.shape[-1] - 1).long()
-    factors = torch.ones_like(logits).scatter_reduce(2, recent, torch.full_like(recent, penalty, dtype=logits.dtype), "prod")
+    factors = torch.ones_like(logits).scatter_reduce(
+        2, recent, torch.full_like(recent, penalty, dtype=logits.dtype), "prod"
+    )
     return torch.where(logits <= 0, logits * factors, logits / factors)
 
 

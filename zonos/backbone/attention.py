@@ -53,7 +53,9 @@ class Attention(nn.Module):
         b, l, _ = u.shape
         qkv = self.in_proj(u)
         q, k, v = torch.split(
-            qkv, [self.num_heads * self.head_dim, self.num_heads_kv * self.head_dim, self.num_heads_kv * self.head_dim], -1
+            qkv,
+            [self.num_heads * self.head_dim, self.num_heads_kv * self.head_dim, self.num_heads_kv * self.head_dim],
+            -1,
         )
         q = q.view(b, l, self.num_heads, self.head_dim)
         k = k.view(b, l, self.num_heads_kv, self.head_dim)

@@ -100,7 +100,11 @@ class ZonosBackbone(nn.Module):
         self.norm_f = nn.LayerNorm(config.d_model, eps=config.norm_epsilon)
 
     def allocate_inference_state(
-        self, batch_size: int, max_seqlen: int, device: torch.device | str | None = None, dtype: torch.dtype | None = None
+        self,
+        batch_size: int,
+        max_seqlen: int,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
     ) -> InferenceState:
         """Preallocate caches; device and dtype default to the model's."""
         p = self.norm_f.weight
@@ -124,7 +128,9 @@ class ZonosBackbone(nn.Module):
             )
 
     def _final(self, hidden: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        return F.layer_norm(hidden + residual, self.norm_f.normalized_shape, self.norm_f.weight, self.norm_f.bias, self.norm_f.eps)
+        return F.layer_norm(
+            hidden + residual, self.norm_f.normalized_shape, self.norm_f.weight, self.norm_f.bias, self.norm_f.eps
+        )
 
     def forward(self, hidden: torch.Tensor, state: InferenceState) -> torch.Tensor:
         """Prefill: (b, l, d) embeddings that follow the ``state.seqlen`` tokens already consumed → (b, l, d)."""

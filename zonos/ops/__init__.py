@@ -4,9 +4,9 @@ Each function here is the specification a fast path (Triton, CuTeDSL) must equal
 fast paths against these on fresh random inputs.
 """
 
-from zonos.ops.precision import compute_dtype
 from zonos.ops.conv import causal_conv1d, conv_step
 from zonos.ops.norms import gated_rms_norm
+from zonos.ops.precision import compute_dtype
 from zonos.ops.rotary import apply_rotary, rotary_cos_sin
 from zonos.ops.ssd import ssd_scan, ssd_step
 

@@ -26,7 +26,9 @@ def causal_conv1d(
     return F.silu(y).transpose(1, 2)
 
 
-def conv_step(conv_state: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+def conv_step(
+    conv_state: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
     """One token: shift ``conv_state`` (b, c, k) left, append x (b, c), return SiLU(conv) (b, c)."""
     conv_state.copy_(torch.cat([conv_state[..., 1:], x[..., None].to(conv_state.dtype)], dim=-1))
     cdt = compute_dtype(x.dtype)

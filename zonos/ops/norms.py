@@ -8,9 +8,7 @@ import torch.nn.functional as F
 from zonos.ops.precision import compute_dtype
 
 
-def gated_rms_norm(
-    x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float, group_size: int
-) -> torch.Tensor:
+def gated_rms_norm(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float, group_size: int) -> torch.Tensor:
     """RMSNorm(x · SiLU(z)) · weight, normalized over groups of ``group_size`` channels.
 
     Mamba2's output norm with the gate applied before normalizing (mamba_ssm's ``norm_before_gate=False``).

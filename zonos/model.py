@@ -15,12 +15,16 @@ from zonos.codebook_pattern import apply_delay_pattern, revert_delay_pattern
 from zonos.conditioning import PrefixConditioner
 from zonos.config import ZonosConfig
 from zonos.hub import resolve_file
+from zonos.codec.streaming import StreamingDACDecoder
 from zonos.sampling import SamplingParams, sample_from_logits
+from zonos.streaming import AudioChunk, check_chunk_sizes, stream_chunks
 
 N_CODEBOOKS = 9  # the DAC 44.1 kHz codec's residual codebooks
 CODEBOOK_SIZE = 1024
 UNKNOWN = -1  # a delayed-code slot not generated yet
 DEFAULT_CODEC = "descript/dac_44khz"
+DEFAULT_FIRST_CHUNK_FRAMES = 2
+DEFAULT_CHUNK_FRAMES = 8
 
 
 def default_device() -> torch.device:
@@ -57,6 +61,7 @@ class Zonos(nn.Module):
         self.logit_width = CODEBOOK_SIZE + 1 + ((CODEBOOK_SIZE + 1) % m if m else 0)
         self._autoencoder = autoencoder
         self._state: InferenceState | None = None
+        self._stream_decoder: StreamingDACDecoder | None = None
 
     # ----------------------------------------------------------------------------------------- loading
 
@@ -305,32 +310,69 @@ class Zonos(nn.Module):
         stopping = torch.zeros(batch_size, dtype=torch.bool, device=device)
         max_steps = delayed.shape[2] - offset
         remaining = torch.full((batch_size,), max_steps, device=device)
-        codebook = torch.arange(N_CODEBOOKS, device=device)
+        window = params.repetition_penalty_window
         with tqdm(total=max_steps - 1, desc="Generating", unit="frame", disable=not progress_bar) as progress:
             while offset < delayed.shape[2] - 1:
                 offset += 1
-                logits = self._step(delayed[..., offset - 1 : offset], state, cfg_scale)
-                tokens = sample_from_logits(logits, params, delayed[..., :offset], generator)[..., 0]
-                # After EOS in codebook 0, each later step writes EOS one codebook further (MASK before it),
-                # so the delayed codebooks end together 9 steps later.
-                eos = tokens[:, 0] == self.eos_token_id
-                remaining = torch.where(eos, remaining.clamp(max=N_CODEBOOKS), remaining)
-                stopping |= eos
-                eos_cb = (N_CODEBOOKS - remaining).clamp(max=N_CODEBOOKS - 1)[:, None]
-                tokens = torch.where(stopping[:, None] & (codebook < eos_cb), self.masked_token_id, tokens)
-                tokens = torch.where(stopping[:, None] & (codebook == eos_cb), self.eos_token_id, tokens)
+                tokens = self._decode_step(
+                    delayed[..., offset - 1 : offset],
+                    delayed[..., max(offset - window, 0) : offset],
+                    remaining,
+                    stopping,
+                    state,
+                    cfg_scale,
+                    params,
+                    generator,
+                )
                 self._write(delayed, offset, tokens)
-                remaining -= 1
                 progress.update()
                 yield delayed, offset
                 if not bool((remaining > 0).any()):
                     break
+
+    def _decode_step(
+        self,
+        last_codes: torch.Tensor,
+        recent: torch.Tensor,
+        remaining: torch.Tensor,
+        stopping: torch.Tensor,
+        state: InferenceState,
+        cfg_scale: float,
+        params: SamplingParams,
+        generator: torch.Generator | None,
+    ) -> torch.Tensor:
+        """One decode step as tensor work only (no host reads, so it can be captured in a CUDA graph).
+
+        Embeds the last delayed column (b, 9, 1), runs the backbone step and heads, samples with the
+        repetition penalty over ``recent`` columns, and applies the EOS bookkeeping: after EOS in codebook 0,
+        each later step writes EOS one codebook further (MASK before it), so all codebooks end together
+        9 steps later. Updates ``remaining`` and ``stopping`` (b,) in place; returns tokens (b, 9).
+        """
+        logits = self._step(last_codes, state, cfg_scale)
+        tokens = sample_from_logits(logits, params, recent, generator)[..., 0]
+        eos = tokens[:, 0] == self.eos_token_id
+        remaining.copy_(torch.where(eos, remaining.clamp(max=N_CODEBOOKS), remaining))
+        stopping |= eos
+        eos_cb = (N_CODEBOOKS - remaining).clamp(max=N_CODEBOOKS - 1)[:, None]
+        codebook = torch.arange(N_CODEBOOKS, device=tokens.device)
+        tokens = torch.where(stopping[:, None] & (codebook < eos_cb), self.masked_token_id, tokens)
+        tokens = torch.where(stopping[:, None] & (codebook == eos_cb), self.eos_token_id, tokens)
+        remaining -= 1
+        return tokens
 
     @staticmethod
     def _write(delayed: torch.Tensor, offset: int, tokens: torch.Tensor) -> None:
         """Fill the still-unknown slots of column ``offset`` with sampled tokens (b, 9)."""
         column = delayed[..., offset]
         delayed[..., offset] = torch.where(column == UNKNOWN, tokens, column)
+
+    @torch.inference_mode()
+    def _stream(self, steps, callback, first_chunk_frames: int, chunk_frames: int) -> Iterator[AudioChunk]:
+        if self._stream_decoder is None or self._stream_decoder.dac is not self.autoencoder.dac:
+            self._stream_decoder = StreamingDACDecoder(self.autoencoder)
+        yield from stream_chunks(
+            _with_callback(steps, callback), self._stream_decoder, self.eos_token_id, first_chunk_frames, chunk_frames
+        )
 
     def _frames(self, delayed: torch.Tensor, offset: int) -> torch.Tensor:
         """Frames complete once column ``offset`` is written, cut before the EOS frame when every row has
@@ -354,8 +396,12 @@ class Zonos(nn.Module):
         disable_torch_compile: bool = True,
         callback: Callable[[torch.Tensor, int, int], bool] | None = None,
         generator: torch.Generator | None = None,
-    ) -> torch.Tensor:
-        """Generate codes (batch_size, 9, frames) for a prefix from :meth:`prepare_conditioning`.
+        stream: bool = False,
+        first_chunk_frames: int = DEFAULT_FIRST_CHUNK_FRAMES,
+        chunk_frames: int = DEFAULT_CHUNK_FRAMES,
+    ) -> torch.Tensor | Iterator[AudioChunk]:
+        """Generate codes (batch_size, 9, frames) for a prefix from :meth:`prepare_conditioning`, or with
+        ``stream=True`` an iterator of :class:`zonos.streaming.AudioChunk` handed out as frames complete.
 
         Args:
             prefix_conditioning: (2, L, d) cond ‖ uncond prefix (shared by the batch) or (2·batch_size, L, d).
@@ -367,21 +413,46 @@ class Zonos(nn.Module):
             disable_torch_compile: accepted for upstream compatibility; nothing here compiles.
             callback: called as ``callback(frame, step, max_steps)`` after each step; returning False stops.
             generator: a ``torch.Generator`` on the model's device, for reproducible sampling.
+            stream: return an iterator of audio chunks instead of codes. Their codes concatenate to the
+                one-shot codes of the same seed, their audio to ``autoencoder.decode`` of those codes.
+                Closing the iterator early stops generation; the model is ready for the next request.
+            first_chunk_frames: frames in the first chunk, after the vocoder's ~10-frame lookahead.
+            chunk_frames: frames in every later chunk.
 
         EOS/MASK codes in the result are replaced by 0, as upstream does, so it decodes directly.
         """
         params = SamplingParams.from_dict({"min_p": 0.1} if sampling_params is None else sampling_params)
         self._validate(prefix_conditioning, audio_prefix_codes, max_new_tokens, cfg_scale, batch_size)
         prefix = self._arrange_prefix(prefix_conditioning, cfg_scale, batch_size)
-        delayed, offset, step = None, 0, 0
-        max_steps = None
-        for delayed, offset in self._decode_loop(
-            prefix, audio_prefix_codes, max_new_tokens, cfg_scale, batch_size, params, generator, progress_bar
+        if stream:
+            check_chunk_sizes(first_chunk_frames, chunk_frames)
+            steps = self._decode_loop(
+                prefix, audio_prefix_codes, max_new_tokens, cfg_scale, batch_size, params, generator, progress_bar
+            )
+            return self._stream(steps, callback, first_chunk_frames, chunk_frames)
+        delayed, offset = None, 0
+        for delayed, offset in _with_callback(
+            self._decode_loop(
+                prefix, audio_prefix_codes, max_new_tokens, cfg_scale, batch_size, params, generator, progress_bar
+            ),
+            callback,
         ):
+            pass
+        return self._frames(delayed, offset)
+
+
+def _with_callback(
+    steps: Iterator[tuple[torch.Tensor, int]], callback: Callable[[torch.Tensor, int, int], bool] | None
+) -> Iterator[tuple[torch.Tensor, int]]:
+    """Pass the decode loop's updates through, calling ``callback(frame, step, max_steps)`` after each
+    decode step (not after prefill); a False return ends the loop."""
+    max_steps = None
+    try:
+        for step, (delayed, offset) in enumerate(steps):
+            yield delayed, offset
             if max_steps is None:
                 max_steps = delayed.shape[2] - offset
-                continue
-            step += 1
-            if callback is not None and not callback(delayed[..., offset : offset + 1], step, max_steps):
-                break
-        return self._frames(delayed, offset)
+            elif callback is not None and not callback(delayed[..., offset : offset + 1], step, max_steps):
+                return
+    finally:
+        steps.close()

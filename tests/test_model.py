@@ -1,0 +1,173 @@
+"""End to end on tiny random checkpoints: save → from_local → make_cond_dict → prepare_conditioning →
+generate → autoencoder.decode, plus the decode loop's EOS bookkeeping and bad-input errors."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from tests.tiny import random_state_dict, tiny_config
+from zonos.codec.autoencoder import DACAutoencoder
+from zonos.codec.dac import DACConfig
+from zonos.conditioning import make_cond_dict
+from zonos.config import ZonosConfig
+from zonos.model import Zonos
+
+
+@pytest.fixture(scope="module")
+def codec():
+    torch.manual_seed(0)
+    return DACAutoencoder(DACConfig(encoder_hidden_size=4, decoder_hidden_size=32, hidden_size=64))
+
+
+def _save(tmp_path, kind, seed=0, mutate=None):
+    cfg = tiny_config(kind)
+    with torch.device("meta"):
+        skeleton = Zonos(ZonosConfig.from_dict(cfg))
+    torch.manual_seed(seed)
+    model = Zonos(ZonosConfig.from_dict(cfg))
+    state = random_state_dict(model, seed)
+    assert set(state) == set(skeleton.state_dict())
+    if mutate:
+        mutate(state)
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    save_file({k: v.to(torch.bfloat16).contiguous() for k, v in state.items()}, str(tmp_path / "model.safetensors"))
+    return tmp_path / "config.json", tmp_path / "model.safetensors"
+
+
+@pytest.fixture(scope="module", params=["hybrid", "transformer"])
+def tiny(request, tmp_path_factory, codec):
+    paths = _save(tmp_path_factory.mktemp(request.param), request.param)
+    return Zonos.from_local(*paths, device="cpu", autoencoder=codec, max_seqlen=256)
+
+
+def _prefix(model, text="Hello, world! It is 3:15.", language="en-us"):
+    return model.prepare_conditioning(make_cond_dict(text=text, language=language, device="cpu"))
+
+
+def test_generate_and_decode(tiny):
+    prefix = _prefix(tiny)
+    assert prefix.shape[0] == 2 and prefix.dtype == torch.float32
+    codes = tiny.generate(prefix, max_new_tokens=24, progress_bar=False, generator=torch.Generator().manual_seed(0))
+    assert codes.shape[:2] == (1, 9) and 0 < codes.shape[2] <= 24
+    assert codes.dtype == torch.long and 0 <= int(codes.min()) and int(codes.max()) < 1024
+    wav = tiny.autoencoder.decode(codes)
+    assert wav.shape == (1, 1, 512 * codes.shape[2]) and torch.isfinite(wav).all() and wav.abs().sum() > 0
+
+
+def test_seeded_generation_is_reproducible_and_state_is_reused(tiny):
+    prefix = _prefix(tiny)
+    a = tiny.generate(prefix, max_new_tokens=16, progress_bar=False, generator=torch.Generator().manual_seed(7))
+    state = tiny._state
+    b = tiny.generate(prefix, max_new_tokens=16, progress_bar=False, generator=torch.Generator().manual_seed(7))
+    c = tiny.generate(prefix, max_new_tokens=16, progress_bar=False, generator=torch.Generator().manual_seed(8))
+    assert torch.equal(a, b) and not torch.equal(a, c)
+    assert tiny._state is state  # caches kept their addresses across requests
+
+
+def test_batch_and_guidance_variants(tiny):
+    prefix = _prefix(tiny)
+    gen = torch.Generator().manual_seed(1)
+    codes = tiny.generate(prefix, max_new_tokens=12, batch_size=3, progress_bar=False, generator=gen)
+    assert codes.shape[0] == 3
+    greedy = tiny.generate(
+        prefix, max_new_tokens=12, cfg_scale=1.0, progress_bar=False, sampling_params={"temperature": 0}
+    )
+    again = tiny.generate(
+        prefix, max_new_tokens=12, cfg_scale=1.0, progress_bar=False, sampling_params={"temperature": 0}
+    )
+    assert torch.equal(greedy, again)
+
+
+def test_audio_prefix_is_continued(tiny):
+    prefix = _prefix(tiny)
+    audio = torch.randint(0, 1024, (1, 9, 5), generator=torch.Generator().manual_seed(2))
+    codes = tiny.generate(prefix, audio_prefix_codes=audio, max_new_tokens=10, progress_bar=False)
+    assert torch.equal(codes[..., :5], audio)
+
+
+def test_callback_stops_generation(tiny):
+    seen = []
+
+    def callback(frame, step, max_steps):
+        seen.append((frame.shape, step, max_steps))
+        return step < 3
+
+    tiny.generate(_prefix(tiny), max_new_tokens=30, progress_bar=False, callback=callback)
+    assert [s for _, s, _ in seen] == [1, 2, 3] and seen[0][0] == (1, 9, 1)
+
+
+def test_eos_runs_down_the_codebooks(tiny, monkeypatch):
+    """EOS sampled in codebook 0 at column c is followed by EOS in codebook k at column c + k (MASK
+    before it); generation stops after codebook 8's EOS and returns the frames before the EOS frame."""
+    real_step, calls = tiny._step, []
+    eos_column = 6
+
+    def step(codes, state, cfg_scale):
+        logits = real_step(codes, state, cfg_scale)
+        calls.append(1)
+        if len(calls) + 1 == eos_column:  # the step that writes column eos_column
+            logits[:, 0, :] = float("-inf")
+            logits[:, 0, tiny.eos_token_id] = 0.0
+        return logits
+
+    monkeypatch.setattr(tiny, "_step", step)
+    written = []
+    orig_write = tiny._write
+
+    def write(delayed, offset, tokens):
+        orig_write(delayed, offset, tokens)
+        written.append((offset, delayed[0, :, offset].clone()))
+
+    monkeypatch.setattr(tiny, "_write", write)
+    codes = tiny.generate(
+        _prefix(tiny), max_new_tokens=40, progress_bar=False, sampling_params={"min_p": 0.1, "repetition_penalty": 1.0}
+    )
+    columns = dict(written)
+    assert max(columns) == eos_column + 8
+    for k in range(9):
+        col = columns[eos_column + k]
+        assert col[k] == tiny.eos_token_id
+        assert (col[:k] == tiny.masked_token_id).all()
+    assert codes.shape[2] == eos_column - 1
+
+
+def test_bad_inputs(tiny, tmp_path):
+    prefix = _prefix(tiny)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        tiny.generate(prefix, max_new_tokens=0, progress_bar=False)
+    with pytest.raises(ValueError, match="max_seqlen"):
+        tiny.generate(prefix, max_new_tokens=1000, progress_bar=False)
+    with pytest.raises(ValueError, match="Split the text"):
+        _prefix(tiny, text="A long sentence that goes on and on. " * 30)
+    with pytest.raises(ValueError, match="prefix_conditioning"):
+        tiny.generate(prefix[:, :, :10], progress_bar=False)
+    with pytest.raises(ValueError, match="audio_prefix_codes"):
+        tiny.generate(prefix, audio_prefix_codes=torch.full((1, 9, 3), 1025), progress_bar=False)
+    with pytest.raises(ValueError, match="unknown sampling parameter"):
+        tiny.generate(prefix, sampling_params={"top_q": 1}, progress_bar=False)
+
+
+def test_mismatched_checkpoint_lists_keys(tmp_path):
+    def mutate(state):
+        state["heads.0.weight"] = state["heads.0.weight"][:1000]
+        del state["backbone.norm_f.bias"]
+        state["extra.weight"] = torch.zeros(1)
+
+    paths = _save(tmp_path, "hybrid", mutate=mutate)
+    with pytest.raises(ValueError) as err:
+        Zonos.from_local(*paths, device="cpu")
+    msg = str(err.value)
+    assert "missing: backbone.norm_f.bias" in msg and "unexpected: extra.weight" in msg
+    assert "heads.0.weight: checkpoint (1000, 64) vs config (1025, 64)" in msg
+
+
+def test_from_pretrained_local_dir_and_offline_hub(tmp_path, monkeypatch, codec):
+    _save(tmp_path, "transformer")
+    model = Zonos.from_pretrained(str(tmp_path), device="cpu", autoencoder=codec)
+    assert model.dtype == torch.float32 and model.logit_width == 1026
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    with pytest.raises(FileNotFoundError, match="huggingface-cli download"):
+        Zonos.from_pretrained("Zyphra/Zonos-v0.1-hybrid", device="cpu", cache_dir=str(tmp_path / "hf"))

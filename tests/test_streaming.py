@@ -1,0 +1,133 @@
+"""Streaming equals one-shot: codes exactly, audio to ≥ 90 dB SNR (fp32, CPU); frames leave exactly when
+their 9th codebook is written; EOS flushes; cancelling leaves the model ready; bad schedules fail clearly."""
+
+import pytest
+import torch
+
+from tests.test_model import _prefix, _save
+from zonos.codec.autoencoder import DACAutoencoder
+from zonos.codec.dac import DACConfig
+from zonos.model import Zonos
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    torch.manual_seed(0)
+    codec = DACAutoencoder(DACConfig(encoder_hidden_size=4, decoder_hidden_size=32, hidden_size=64))
+    paths = _save(tmp_path_factory.mktemp("hybrid"), "hybrid")
+    return Zonos.from_local(*paths, device="cpu", autoencoder=codec, max_seqlen=256)
+
+
+@pytest.fixture(scope="module")
+def prefix(model):
+    return _prefix(model)
+
+
+def _snr_db(ref, x):
+    return float(10 * torch.log10(ref.pow(2).sum() / (ref - x).pow(2).sum().clamp_min(1e-30)))
+
+
+def _run(model, prefix, seed, **kw):
+    kw.setdefault("max_new_tokens", 30)
+    return model.generate(prefix, progress_bar=False, generator=torch.Generator().manual_seed(seed), **kw)
+
+
+@pytest.mark.parametrize("first,steady", [(1, 1), (1, 3), (2, 8), (7, 5), (3, 64)])
+def test_stream_equals_one_shot(model, prefix, first, steady):
+    codes = _run(model, prefix, seed=3)
+    chunks = list(_run(model, prefix, seed=3, stream=True, first_chunk_frames=first, chunk_frames=steady))
+    assert chunks[-1].final and not any(c.final for c in chunks[:-1])
+    assert torch.equal(torch.cat([c.codes for c in chunks], -1), codes)
+    audio = torch.cat([c.audio for c in chunks], -1)
+    ref = model.autoencoder.decode(codes)
+    assert audio.shape == ref.shape
+    assert _snr_db(ref, audio) >= 90
+    # Ranges tile the utterance without gaps.
+    assert [c.frames[0] for c in chunks[1:]] == [c.frames[1] for c in chunks[:-1]]
+    assert [c.samples[0] for c in chunks[1:]] == [c.samples[1] for c in chunks[:-1]]
+    assert chunks[-1].samples[1] == ref.shape[-1]
+
+
+def test_batch_of_two_streams(model, prefix):
+    codes = _run(model, prefix, seed=4, batch_size=2, max_new_tokens=20)
+    chunks = list(_run(model, prefix, seed=4, batch_size=2, max_new_tokens=20, stream=True, chunk_frames=3))
+    assert torch.equal(torch.cat([c.codes for c in chunks], -1), codes)
+    assert _snr_db(model.autoencoder.decode(codes), torch.cat([c.audio for c in chunks], -1)) >= 90
+
+
+def test_frames_leave_exactly_when_their_last_codebook_is_written(model, prefix, monkeypatch):
+    """With 1-frame chunks, every push after the first carries exactly the newest final frame: frame t
+    leaves at the step that writes column t + 9 — not one step earlier, not one later."""
+    offsets, pushes = [], []
+    real_loop = model._decode_loop
+
+    def loop(*a, **k):
+        for delayed, offset in real_loop(*a, **k):
+            offsets.append(offset)
+            yield delayed, offset
+
+    monkeypatch.setattr(model, "_decode_loop", loop)
+    chunks = _run(model, prefix, seed=5, stream=True, first_chunk_frames=1, chunk_frames=1)
+    decoder = None
+    for chunk in chunks:
+        if chunk.final:
+            continue
+        pushes.append((chunk.frames, offsets[-1]))
+        decoder = decoder or model._stream_decoder
+    lookahead = model._stream_decoder.receptive_field.lookahead_frames
+    first_frames, first_offset = pushes[0]
+    assert first_frames == (0, lookahead + 1) and first_offset == lookahead + 1 + 8
+    for (start, end), offset in pushes[1:]:
+        assert end - start == 1
+        assert end - 1 + 9 == offset  # frame end-1's codebook 8 sits in column end-1+9, written just now
+
+
+def test_eos_flushes_the_tail(model, prefix, monkeypatch):
+    real_step, calls = model._step, []
+
+    def step(codes, state, cfg_scale):
+        logits = real_step(codes, state, cfg_scale)
+        calls.append(1)
+        if len(calls) == 20:  # step 20 writes column 21: EOS in codebook 0 for frame 20
+            logits[:, 0, :] = float("-inf")
+            logits[:, 0, model.eos_token_id] = 0.0
+        else:
+            logits[:, 0, model.eos_token_id] = float("-inf")
+        return logits
+
+    monkeypatch.setattr(model, "_step", step)
+    codes = _run(model, prefix, seed=6, max_new_tokens=60)
+    calls.clear()
+    chunks = list(_run(model, prefix, seed=6, max_new_tokens=60, stream=True, chunk_frames=4))
+    assert codes.shape[-1] == 20  # frames 0..19, before the EOS frame
+    assert torch.equal(torch.cat([c.codes for c in chunks], -1), codes)
+    assert chunks[-1].final and chunks[-1].samples[1] == 512 * 20
+    assert _snr_db(model.autoencoder.decode(codes), torch.cat([c.audio for c in chunks], -1)) >= 90
+
+
+def test_cancel_then_generate_again(model, prefix):
+    expected = _run(model, prefix, seed=9, max_new_tokens=25)
+    stream = _run(model, prefix, seed=1, max_new_tokens=60, stream=True, first_chunk_frames=1, chunk_frames=1)
+    for i, _ in enumerate(stream):
+        if i == 2:
+            break
+    stream.close()
+    assert torch.equal(_run(model, prefix, seed=9, max_new_tokens=25), expected)
+    chunks = list(_run(model, prefix, seed=9, max_new_tokens=25, stream=True))
+    assert torch.equal(torch.cat([c.codes for c in chunks], -1), expected)
+
+
+def test_callback_can_stop_a_stream(model, prefix):
+    chunks = list(
+        _run(model, prefix, seed=2, max_new_tokens=60, stream=True, chunk_frames=2, callback=lambda f, s, m: s < 15)
+    )
+    frames = sum(c.codes.shape[-1] for c in chunks)
+    assert chunks[-1].final and frames == 15 + 1 - 8  # steps 1..15 wrote columns 2..16: frames 0..7 final
+
+
+@pytest.mark.parametrize("bad", [0, -2, 1.5, True, "4"])
+def test_bad_chunk_sizes(model, prefix, bad):
+    with pytest.raises(ValueError, match="chunk_frames must be a positive int"):
+        _run(model, prefix, seed=0, stream=True, chunk_frames=bad)
+    with pytest.raises(ValueError, match="first_chunk_frames must be a positive int"):
+        _run(model, prefix, seed=0, stream=True, first_chunk_frames=bad)

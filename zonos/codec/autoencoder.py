@@ -1,0 +1,256 @@
+"""``DACAutoencoder``: the codec that turns audio into Zonos' code frames and back.
+
+It is a plain object holding a :class:`~zonos.codec.dac.DAC` module (not an ``nn.Module``), so the
+codec's weights stay out of the Zonos state dict, as upstream.  Weights come from the Hugging Face
+repository ``descript/dac_44khz`` (``config.json`` + ``model.safetensors``), from a local copy of
+it, or from one of Descript's original ``.pth`` files.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from zonos.audio import resample
+from zonos.codec.dac import DAC, DACConfig, convert_descript_state_dict, load_state_dict_strict
+
+__all__ = ["DACAutoencoder", "CodecNotAvailableError", "DEFAULT_REPO_ID", "decode_precision", "validate_codes"]
+
+DEFAULT_REPO_ID = "descript/dac_44khz"
+_CONFIG_NAME = "config.json"
+_WEIGHTS_NAME = "model.safetensors"
+
+
+class CodecNotAvailableError(OSError):
+    """The codec's files could not be found locally nor downloaded."""
+
+
+@contextlib.contextmanager
+def decode_precision(device: torch.device) -> Iterator[None]:
+    """The numeric mode of decoding: fp16 autocast on CUDA (as upstream Zonos), plain fp32 elsewhere."""
+    if device.type == "cuda":
+        with torch.autocast("cuda", dtype=torch.float16):
+            yield
+    else:
+        yield
+
+
+class DACAutoencoder:
+    """Encode waveforms to DAC codes ``[B, 9, T]`` and decode codes back to 44.1 kHz audio.
+
+    Args:
+        config: the codec's hyper-parameters.
+        weights: a state dict in the Hugging Face ``DacModel`` layout, or a built :class:`DAC`
+            module (its own config then wins); ``None`` keeps random weights (tests only).
+        device: where the module lives.
+        source: names the weights' origin in error messages.
+    """
+
+    def __init__(
+        self,
+        config: DACConfig,
+        weights: Mapping[str, Tensor] | DAC | None = None,
+        device: str | torch.device = "cpu",
+        *,
+        source: str = "checkpoint",
+    ) -> None:
+        if isinstance(weights, DAC):
+            module = weights
+        elif weights is None:
+            module = DAC(config)
+        else:
+            # Allocate without running the random initialisers: every tensor is overwritten anyway.
+            with torch.device("meta"):
+                module = DAC(config)
+            module = module.to_empty(device=device)
+            load_state_dict_strict(module, weights, source=source)
+        self.config = module.config
+        self.dac = module.eval().requires_grad_(False).to(device)
+
+    # -- construction --------------------------------------------------------------------------
+
+    @classmethod
+    def from_local(cls, directory: str | Path, device: str | torch.device = "cpu") -> DACAutoencoder:
+        """Load ``config.json`` + ``model.safetensors`` (Hugging Face layout) from ``directory``."""
+        from safetensors.torch import load_file
+
+        directory = Path(directory)
+        config_path, weights_path = directory / _CONFIG_NAME, directory / _WEIGHTS_NAME
+        missing = [p.name for p in (config_path, weights_path) if not p.is_file()]
+        if missing:
+            raise CodecNotAvailableError(
+                f"{directory} lacks {' and '.join(missing)}; a DAC directory needs {_CONFIG_NAME} and "
+                f"{_WEIGHTS_NAME} (e.g. from `hf download {DEFAULT_REPO_ID} --local-dir DIR`)"
+            )
+        config = DACConfig.from_json(config_path)
+        weights = load_file(str(weights_path))
+        return cls(config, weights, device=device, source=str(weights_path))
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        repo_id: str = DEFAULT_REPO_ID,
+        revision: str | None = None,
+        device: str | torch.device = "cpu",
+        cache_dir: str | Path | None = None,
+    ) -> DACAutoencoder:
+        """Load from the Hugging Face Hub (or its local cache); a local directory path also works."""
+        if Path(repo_id).is_dir():
+            return cls.from_local(repo_id, device=device)
+        from huggingface_hub import hf_hub_download
+        from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, OfflineModeIsEnabled
+
+        try:
+            paths = [
+                hf_hub_download(repo_id, name, revision=revision, cache_dir=cache_dir)
+                for name in (_CONFIG_NAME, _WEIGHTS_NAME)
+            ]
+        except (LocalEntryNotFoundError, OfflineModeIsEnabled, HfHubHTTPError, OSError) as e:
+            raise CodecNotAvailableError(
+                f"could not get the DAC codec {repo_id!r} (revision {revision or 'main'}) from the "
+                f"Hugging Face Hub or its cache{f' at {cache_dir}' if cache_dir else ''}: {e}\n"
+                f"To fix: on a machine with internet access run `hf download {repo_id}` (older "
+                "huggingface_hub: `huggingface-cli download`) and copy the cache over or point HF_HOME / "
+                "cache_dir at it; or unset HF_HUB_OFFLINE if you are online; or download with "
+                f"`--local-dir DIR` and pass DIR (holding {_CONFIG_NAME} and {_WEIGHTS_NAME}) to "
+                "DACAutoencoder.from_local(DIR) or from_pretrained(DIR)."
+            ) from e
+        return cls.from_local(Path(paths[0]).parent, device=device)
+
+    @classmethod
+    def from_descript_checkpoint(cls, path: str | Path, device: str | torch.device = "cpu") -> DACAutoencoder:
+        """Load one of Descript's original ``.pth`` files (``weights_44khz_8kbps_*.pth``)."""
+        checkpoint = torch.load(str(path), map_location="cpu", weights_only=True)
+        kwargs = checkpoint.get("metadata", {}).get("kwargs", {}) if isinstance(checkpoint, Mapping) else {}
+        config = _config_from_descript_kwargs(kwargs)
+        weights = convert_descript_state_dict(checkpoint, num_blocks=len(config.upsampling_ratios))
+        return cls(config, weights, device=device, source=str(path))
+
+    def save_pretrained(self, directory: str | Path) -> None:
+        """Write ``config.json`` + ``model.safetensors`` (readable by :meth:`from_local` and transformers)."""
+        import json
+
+        from safetensors.torch import save_file
+
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        with open(directory / _CONFIG_NAME, "w", encoding="utf-8") as f:
+            json.dump({"architectures": ["DacModel"], **self.config.to_dict()}, f, indent=2, sort_keys=True)
+            f.write("\n")
+        state = {k: v.detach().to("cpu").contiguous() for k, v in self.dac.state_dict().items()}
+        save_file(state, str(directory / _WEIGHTS_NAME))
+
+    # -- properties ----------------------------------------------------------------------------
+
+    @property
+    def sampling_rate(self) -> int:
+        return self.config.sampling_rate
+
+    @property
+    def codebook_size(self) -> int:
+        return self.config.codebook_size
+
+    @property
+    def num_codebooks(self) -> int:
+        return self.config.n_codebooks
+
+    @property
+    def hop_length(self) -> int:
+        return self.config.hop_length
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.dac.parameters()).device
+
+    def to(self, device: str | torch.device) -> DACAutoencoder:
+        """Move the codec to ``device`` (in place); returns ``self``."""
+        self.dac.to(device)
+        return self
+
+    # -- audio <-> codes -----------------------------------------------------------------------
+
+    def preprocess(self, wav: Tensor, sr: int) -> Tensor:
+        """Resample ``wav [..., N]`` to the codec's rate and right-pad with zeros to a multiple of the hop."""
+        wav = resample(wav, sr, self.sampling_rate)
+        pad = -wav.shape[-1] % self.hop_length
+        return F.pad(wav, (0, pad)) if pad else wav
+
+    @torch.no_grad()
+    def encode(self, wav: Tensor) -> Tensor:
+        """Codes ``[B, num_codebooks, N / hop_length]`` (int64) of a preprocessed waveform ``[B, 1, N]``."""
+        if not isinstance(wav, Tensor) or wav.dim() != 3 or wav.shape[1] != 1:
+            shape = tuple(wav.shape) if isinstance(wav, Tensor) else type(wav).__name__
+            raise ValueError(f"encode expects a mono waveform batch [B, 1, N]; got {shape}")
+        if not torch.is_floating_point(wav):
+            raise TypeError(f"encode expects a floating-point waveform, got {wav.dtype}")
+        if wav.shape[-1] % self.hop_length:
+            raise ValueError(
+                f"waveform length {wav.shape[-1]} is not a multiple of {self.hop_length}; "
+                "call preprocess(wav, sr) first"
+            )
+        param = next(self.dac.parameters())
+        return self.dac.encode(wav.to(param.device, param.dtype))
+
+    @torch.no_grad()
+    def decode(self, codes: Tensor) -> Tensor:
+        """Waveform ``[B, 1, hop_length * T]`` (float32, in ``[-1, 1]``) of codes ``[B, num_codebooks, T]``."""
+        codes = self.check_codes(codes).to(self.device)
+        if codes.shape[-1] == 0:  # convs reject empty inputs
+            return torch.zeros(codes.shape[0], 1, 0, device=self.device)
+        with decode_precision(self.device):
+            wav = self.dac.decode(codes)
+        return wav.float()
+
+    def check_codes(self, codes: Tensor) -> Tensor:
+        """Validate codes ``[B, num_codebooks, T]`` (integers in ``0 .. codebook_size - 1``); returns int64."""
+        return validate_codes(codes, self.num_codebooks, self.codebook_size)
+
+
+def validate_codes(codes: Tensor, num_codebooks: int, codebook_size: int) -> Tensor:
+    """Check that ``codes`` is an integer tensor ``[B, num_codebooks, T]`` of valid code values.
+
+    Raises ``TypeError``/``ValueError`` naming the problem; returns the codes as int64.
+    """
+    if not isinstance(codes, Tensor):
+        raise TypeError(f"codes must be a torch.Tensor, got {type(codes).__name__}")
+    if codes.dim() != 3 or codes.shape[1] != num_codebooks:
+        raise ValueError(f"codes must have shape [B, {num_codebooks}, T]; got {tuple(codes.shape)}")
+    if torch.is_floating_point(codes) or torch.is_complex(codes) or codes.dtype == torch.bool:
+        raise TypeError(f"codes must be an integer tensor (int64), got {codes.dtype}")
+    if codes.numel():
+        lo, hi = int(codes.min()), int(codes.max())
+        if lo < 0 or hi >= codebook_size:
+            raise ValueError(
+                f"codes must lie in 0..{codebook_size - 1}; got values in {lo}..{hi}. Replace the "
+                f"generator's special codes (EOS {codebook_size}, MASK {codebook_size + 1}) with 0 "
+                f"first, e.g. codes.masked_fill(codes >= {codebook_size}, 0)"
+            )
+    return codes.long()
+
+
+def _config_from_descript_kwargs(kwargs: Mapping[str, object]) -> DACConfig:
+    """DACConfig from the constructor arguments that Descript stores in a ``.pth``'s metadata."""
+    defaults = DACConfig()
+    encoder_dim = int(kwargs.get("encoder_dim", defaults.encoder_hidden_size))
+    encoder_rates = list(kwargs.get("encoder_rates", defaults.downsampling_ratios))
+    latent_dim = kwargs.get("latent_dim") or encoder_dim * 2 ** len(encoder_rates)
+    codebook_dim = kwargs.get("codebook_dim", defaults.codebook_dim)
+    if not isinstance(codebook_dim, int):
+        raise ValueError(f"per-codebook dimensions ({codebook_dim}) are not supported")
+    return DACConfig(
+        encoder_hidden_size=encoder_dim,
+        downsampling_ratios=encoder_rates,
+        decoder_hidden_size=int(kwargs.get("decoder_dim", defaults.decoder_hidden_size)),
+        upsampling_ratios=list(kwargs.get("decoder_rates", defaults.upsampling_ratios)),
+        n_codebooks=int(kwargs.get("n_codebooks", defaults.n_codebooks)),
+        codebook_size=int(kwargs.get("codebook_size", defaults.codebook_size)),
+        codebook_dim=codebook_dim,
+        hidden_size=int(latent_dim),
+        sampling_rate=int(kwargs.get("sample_rate", defaults.sampling_rate)),
+    )
+

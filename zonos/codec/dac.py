@@ -1,0 +1,431 @@
+"""Descript Audio Codec (DAC) as plain ``torch.nn`` modules.
+
+The module tree mirrors the parameter names of the Hugging Face checkpoint ``descript/dac_44khz``
+(``encoder.*``, ``decoder.*``, ``quantizer.quantizers.{q}.{in_proj,out_proj,codebook}``), so its
+``model.safetensors`` loads with a strict ``load_state_dict``.  Descript's original ``.pth`` files use
+other module names and weight-normalised convolutions; :func:`convert_descript_state_dict` maps them.
+
+Shapes: audio ``[B, 1, N]``, latent ``[B, hidden_size, T]`` with ``N = hop_length * T``, codes
+``[B, n_codebooks, T]`` (int64, values in ``0 .. codebook_size - 1``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+__all__ = [
+    "DAC",
+    "DACConfig",
+    "CheckpointMismatchError",
+    "Snake1d",
+    "ResidualUnit",
+    "convert_descript_state_dict",
+    "load_state_dict_strict",
+]
+
+
+@dataclass
+class DACConfig:
+    """Hyper-parameters of a DAC model, named as in the Hugging Face ``config.json``.
+
+    The defaults are those of ``descript/dac_44khz``.  (A bare transformers ``DacConfig()`` differs:
+    its ``sampling_rate`` defaults to 16000.)
+    """
+
+    encoder_hidden_size: int = 64
+    downsampling_ratios: list[int] = field(default_factory=lambda: [2, 4, 8, 8])
+    decoder_hidden_size: int = 1536
+    upsampling_ratios: list[int] = field(default_factory=lambda: [8, 8, 4, 2])
+    n_codebooks: int = 9
+    codebook_size: int = 1024
+    codebook_dim: int = 8
+    hidden_size: int = 1024
+    sampling_rate: int = 44100
+
+    def __post_init__(self) -> None:
+        self.downsampling_ratios = [int(r) for r in self.downsampling_ratios]
+        self.upsampling_ratios = [int(r) for r in self.upsampling_ratios]
+        if math.prod(self.downsampling_ratios) != math.prod(self.upsampling_ratios):
+            raise ValueError(
+                f"downsampling_ratios {self.downsampling_ratios} and upsampling_ratios "
+                f"{self.upsampling_ratios} must have the same product (the hop length)"
+            )
+        if self.decoder_hidden_size % 2 ** len(self.upsampling_ratios):
+            raise ValueError(
+                f"decoder_hidden_size {self.decoder_hidden_size} must be divisible by "
+                f"2**{len(self.upsampling_ratios)} (it halves at every decoder block)"
+            )
+
+    @property
+    def hop_length(self) -> int:
+        """Audio samples per code frame (product of the strides; 512 for the 44.1 kHz model)."""
+        return math.prod(self.downsampling_ratios)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> DACConfig:
+        """Build from a ``config.json`` mapping; unknown keys (loss weights, ``model_type``...) are ignored."""
+        known = {f.name for f in fields(cls)}
+        config = cls(**{k: v for k, v in data.items() if k in known})
+        hop = data.get("hop_length")
+        if hop is not None and int(hop) != config.hop_length:
+            raise ValueError(
+                f"config hop_length {hop} does not match the product of downsampling_ratios "
+                f"({config.hop_length})"
+            )
+        return config
+
+    @classmethod
+    def from_json(cls, path: str | Path) -> DACConfig:
+        """Read a Hugging Face style ``config.json``."""
+        with open(path, encoding="utf-8") as f:
+            return cls.from_dict(json.load(f))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields plus the derived ``hop_length`` and ``model_type``, as written to ``config.json``."""
+        data = asdict(self)
+        data["hop_length"] = self.hop_length
+        data["model_type"] = "dac"
+        return data
+
+
+# ---------------------------------------------------------------------------------------------
+# Building blocks
+# ---------------------------------------------------------------------------------------------
+
+
+class Snake1d(nn.Module):
+    """Snake activation ``x + sin(alpha * x)**2 / alpha`` with one ``alpha`` per channel."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.alpha = nn.Parameter(torch.ones(1, channels, 1))
+
+    def forward(self, x: Tensor) -> Tensor:
+        alpha = self.alpha
+        # The 1e-9 keeps alpha == 0 finite; the reciprocal is taken on the small [1, C, 1] tensor.
+        inv_alpha = (alpha + 1e-9).reciprocal()
+        return x + inv_alpha * torch.sin(alpha * x).pow(2)
+
+
+class ResidualUnit(nn.Module):
+    """``x + conv2(snake2(conv1(snake1(x))))`` with a dilated kernel-7 conv1 and a kernel-1 conv2."""
+
+    def __init__(self, channels: int, dilation: int) -> None:
+        super().__init__()
+        self.snake1 = Snake1d(channels)
+        self.conv1 = nn.Conv1d(channels, channels, 7, dilation=dilation, padding=3 * dilation)
+        self.snake2 = Snake1d(channels)
+        self.conv2 = nn.Conv1d(channels, channels, 1)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = self.conv2(self.snake2(self.conv1(self.snake1(x))))
+        # "Same" padding keeps the lengths equal, so no cropping of x is needed.
+        return x + h
+
+
+def _residual_stack(channels: int) -> tuple[ResidualUnit, ResidualUnit, ResidualUnit]:
+    return ResidualUnit(channels, 1), ResidualUnit(channels, 3), ResidualUnit(channels, 9)
+
+
+class EncoderBlock(nn.Module):
+    """Three residual units at ``channels``, then a strided conv to ``2 * channels``."""
+
+    def __init__(self, channels: int, stride: int) -> None:
+        super().__init__()
+        self.res_unit1, self.res_unit2, self.res_unit3 = _residual_stack(channels)
+        self.snake1 = Snake1d(channels)
+        self.conv1 = nn.Conv1d(
+            channels, 2 * channels, 2 * stride, stride=stride, padding=math.ceil(stride / 2)
+        )
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = self.res_unit3(self.res_unit2(self.res_unit1(x)))
+        return self.conv1(self.snake1(x))
+
+
+class DecoderBlock(nn.Module):
+    """Snake, an upsampling transposed conv (``in_channels -> out_channels``), three residual units."""
+
+    def __init__(self, in_channels: int, out_channels: int, stride: int) -> None:
+        super().__init__()
+        self.snake1 = Snake1d(in_channels)
+        self.conv_t1 = nn.ConvTranspose1d(
+            in_channels, out_channels, 2 * stride, stride=stride, padding=math.ceil(stride / 2)
+        )
+        self.res_unit1, self.res_unit2, self.res_unit3 = _residual_stack(out_channels)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = self.conv_t1(self.snake1(x))
+        return self.res_unit3(self.res_unit2(self.res_unit1(x)))
+
+
+class Encoder(nn.Module):
+    """Waveform ``[B, 1, N]`` to latent ``[B, hidden_size, N / hop_length]``."""
+
+    def __init__(self, config: DACConfig) -> None:
+        super().__init__()
+        width = config.encoder_hidden_size
+        self.conv1 = nn.Conv1d(1, width, 7, padding=3)
+        blocks = []
+        for stride in config.downsampling_ratios:
+            blocks.append(EncoderBlock(width, stride))
+            width *= 2
+        self.block = nn.ModuleList(blocks)
+        self.snake1 = Snake1d(width)
+        self.conv2 = nn.Conv1d(width, config.hidden_size, 3, padding=1)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = self.conv1(x)
+        for block in self.block:
+            x = block(x)
+        return self.conv2(self.snake1(x))
+
+
+class Decoder(nn.Module):
+    """Latent ``[B, hidden_size, T]`` to waveform ``[B, 1, hop_length * T]`` in ``[-1, 1]``."""
+
+    def __init__(self, config: DACConfig) -> None:
+        super().__init__()
+        width = config.decoder_hidden_size
+        self.conv1 = nn.Conv1d(config.hidden_size, width, 7, padding=3)
+        blocks = []
+        for stride in config.upsampling_ratios:
+            blocks.append(DecoderBlock(width, width // 2, stride))
+            width //= 2
+        self.block = nn.ModuleList(blocks)
+        self.snake1 = Snake1d(width)
+        self.conv2 = nn.Conv1d(width, 1, 7, padding=3)
+
+    def forward(self, z: Tensor) -> Tensor:
+        x = self.conv1(z)
+        for block in self.block:
+            x = block(x)
+        return torch.tanh(self.conv2(self.snake1(x)))
+
+
+class VectorQuantizer(nn.Module):
+    """One residual-VQ stage: project down, cosine nearest neighbour in the codebook, project up."""
+
+    def __init__(self, hidden_size: int, codebook_size: int, codebook_dim: int) -> None:
+        super().__init__()
+        self.in_proj = nn.Conv1d(hidden_size, codebook_dim, 1)
+        self.out_proj = nn.Conv1d(codebook_dim, hidden_size, 1)
+        self.codebook = nn.Embedding(codebook_size, codebook_dim)
+
+    def nearest(self, projected: Tensor) -> Tensor:
+        """Codes ``[B, T]`` of the codebook rows with the highest cosine similarity to ``[B, D, T]``."""
+        query = F.normalize(projected.transpose(1, 2), dim=-1)  # [B, T, D]
+        keys = F.normalize(self.codebook.weight, dim=-1)  # [K, D]
+        return (query @ keys.t()).argmax(dim=-1)
+
+    def embed(self, codes: Tensor) -> Tensor:
+        """Latent contribution ``[B, hidden, T]`` of codes ``[B, T]`` (raw, un-normalised rows)."""
+        return self.out_proj(self.codebook(codes).transpose(1, 2))
+
+
+class ResidualVectorQuantizer(nn.Module):
+    """``n_codebooks`` VQ stages, each quantising what the previous ones left over."""
+
+    def __init__(self, config: DACConfig) -> None:
+        super().__init__()
+        self.quantizers = nn.ModuleList(
+            VectorQuantizer(config.hidden_size, config.codebook_size, config.codebook_dim)
+            for _ in range(config.n_codebooks)
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# The model
+# ---------------------------------------------------------------------------------------------
+
+
+class DAC(nn.Module):
+    """Encoder, residual vector quantiser and decoder of the Descript Audio Codec."""
+
+    def __init__(self, config: DACConfig | None = None) -> None:
+        super().__init__()
+        self.config = config or DACConfig()
+        self.encoder = Encoder(self.config)
+        self.decoder = Decoder(self.config)
+        self.quantizer = ResidualVectorQuantizer(self.config)
+
+    @property
+    def hop_length(self) -> int:
+        return self.config.hop_length
+
+    def encode_latent(self, wav: Tensor) -> Tensor:
+        """Continuous latent ``[B, hidden_size, N / hop_length]`` of a waveform ``[B, 1, N]``."""
+        return self.encoder(wav)
+
+    def quantize(self, latent: Tensor) -> Tensor:
+        """Residual-VQ codes ``[B, n_codebooks, T]`` (int64) of a latent ``[B, hidden_size, T]``."""
+        residual = latent
+        codes = []
+        for vq in self.quantizer.quantizers:
+            projected = vq.in_proj(residual)
+            code = vq.nearest(projected)
+            row = vq.codebook(code).transpose(1, 2)
+            # Written as projected + (row - projected), the reference's straight-through form; it is
+            # row up to rounding, and matching the rounding keeps later stages' argmax identical.
+            residual = residual - vq.out_proj(projected + (row - projected))
+            codes.append(code)
+        return torch.stack(codes, dim=1)
+
+    def codes_to_latent(self, codes: Tensor) -> Tensor:
+        """Sum of every stage's contribution: latent ``[B, hidden_size, T]`` of codes ``[B, Q, T]``."""
+        quantizers = self.quantizer.quantizers
+        if codes.shape[1] > len(quantizers):
+            raise ValueError(f"codes have {codes.shape[1]} codebooks, the model has {len(quantizers)}")
+        latent = quantizers[0].embed(codes[:, 0])
+        for q in range(1, codes.shape[1]):
+            latent = latent + quantizers[q].embed(codes[:, q])
+        return latent
+
+    def decode_latent(self, latent: Tensor) -> Tensor:
+        """Waveform ``[B, 1, hop_length * T]`` of a latent ``[B, hidden_size, T]``."""
+        return self.decoder(latent)
+
+    def encode(self, wav: Tensor) -> Tensor:
+        """Codes ``[B, n_codebooks, N / hop_length]`` of a waveform ``[B, 1, N]``."""
+        return self.quantize(self.encode_latent(wav))
+
+    def decode(self, codes: Tensor) -> Tensor:
+        """Waveform ``[B, 1, hop_length * T]`` of codes ``[B, n_codebooks, T]``."""
+        return self.decode_latent(self.codes_to_latent(codes))
+
+
+# ---------------------------------------------------------------------------------------------
+# Checkpoint loading
+# ---------------------------------------------------------------------------------------------
+
+
+class CheckpointMismatchError(ValueError):
+    """A checkpoint's tensor names or shapes do not fit the model built from its config."""
+
+
+def load_state_dict_strict(module: nn.Module, state_dict: Mapping[str, Tensor], source: str = "checkpoint") -> None:
+    """Load ``state_dict`` into ``module``, raising one error that lists every missing, unexpected and
+    mis-shaped tensor (instead of torch's error, which stops at the first shape mismatch)."""
+    expected = module.state_dict()
+    missing = sorted(set(expected) - set(state_dict))
+    unexpected = sorted(set(state_dict) - set(expected))
+    misshaped = sorted(
+        f"{k}: checkpoint {tuple(state_dict[k].shape)} vs model {tuple(expected[k].shape)}"
+        for k in set(expected) & set(state_dict)
+        if tuple(state_dict[k].shape) != tuple(expected[k].shape)
+    )
+    if missing or unexpected or misshaped:
+
+        def section(title: str, items: list[str]) -> str:
+            shown = items[:20] + ([f"... and {len(items) - 20} more"] if len(items) > 20 else [])
+            return f"\n  {title} ({len(items)}):\n    " + "\n    ".join(shown) if items else ""
+
+        raise CheckpointMismatchError(
+            f"{source} does not match the DAC model built from its config:"
+            + section("missing", missing)
+            + section("unexpected", unexpected)
+            + section("wrong shape", misshaped)
+            + "\nCheck that config.json belongs to these weights (Hugging Face DacModel layout)."
+        )
+    module.load_state_dict(state_dict, strict=True)
+
+
+def _fuse_weight_norm(g: Tensor, v: Tensor) -> Tensor:
+    """``g * v / ||v||`` with the norm over every axis but 0 (torch's weight_norm with dim=0)."""
+    norm = v.flatten(1).norm(dim=1).reshape((-1,) + (1,) * (v.dim() - 1))
+    return g * (v / norm)
+
+
+# Descript's residual units are ``nn.Sequential(snake, conv, snake, conv)``.
+_RES_UNIT_PARTS = ("snake1", "conv1", "snake2", "conv2")
+
+
+def _rename_descript_key(name: str, num_blocks: int) -> str:
+    """Hugging Face module path of one of Descript's module paths (parameter suffix stripped)."""
+    if name.startswith("quantizer."):
+        return name  # same layout in both
+    if m := re.fullmatch(r"encoder\.block\.(\d+)(.*)", name):
+        idx, rest = int(m[1]), m[2]
+        if idx == 0:
+            return "encoder.conv1" + rest
+        if idx == num_blocks + 1:
+            return "encoder.snake1" + rest
+        if idx == num_blocks + 2:
+            return "encoder.conv2" + rest
+        block = f"encoder.block.{idx - 1}"
+        if sub := re.fullmatch(r"\.block\.(\d+)(.*)", rest):
+            j, tail = int(sub[1]), sub[2]
+            if j < 3:
+                return block + _rename_res_unit(j, tail)
+            if j == 3:
+                return block + ".snake1" + tail
+            if j == 4:
+                return block + ".conv1" + tail
+    elif m := re.fullmatch(r"decoder\.model\.(\d+)(.*)", name):
+        idx, rest = int(m[1]), m[2]
+        if idx == 0:
+            return "decoder.conv1" + rest
+        if idx == num_blocks + 1:
+            return "decoder.snake1" + rest
+        if idx == num_blocks + 2:
+            return "decoder.conv2" + rest
+        block = f"decoder.block.{idx - 1}"
+        if sub := re.fullmatch(r"\.block\.(\d+)(.*)", rest):
+            j, tail = int(sub[1]), sub[2]
+            if j == 0:
+                return block + ".snake1" + tail
+            if j == 1:
+                return block + ".conv_t1" + tail
+            if j < 5:
+                return block + _rename_res_unit(j - 2, tail)
+    raise KeyError(f"unrecognised Descript DAC parameter name: {name!r}")
+
+
+def _rename_res_unit(unit: int, tail: str) -> str:
+    sub = re.fullmatch(r"\.block\.(\d)(.*)", tail)
+    if sub is None or int(sub[1]) >= len(_RES_UNIT_PARTS):
+        raise KeyError(f"unrecognised residual-unit parameter path: {tail!r}")
+    return f".res_unit{unit + 1}.{_RES_UNIT_PARTS[int(sub[1])]}{sub[2]}"
+
+
+def convert_descript_state_dict(state_dict: Mapping[str, Any], num_blocks: int = 4) -> dict[str, Tensor]:
+    """Convert a state dict of Descript's original DAC (``weights_44khz_*.pth``) to our names.
+
+    Weight-normalised convs (``weight_g``/``weight_v``, or torch's newer
+    ``parametrizations.weight.original0/1``) are fused into plain ``weight`` tensors, and Descript's
+    ``nn.Sequential`` indices are renamed (e.g. ``decoder.model.1.block.1`` to
+    ``decoder.block.0.conv_t1``).  A top-level ``{"state_dict": ...}`` wrapper (as saved by
+    audiotools) is unwrapped.  ``num_blocks`` is the number of encoder/decoder stride blocks.
+    """
+    if "state_dict" in state_dict and isinstance(state_dict["state_dict"], Mapping):
+        state_dict = state_dict["state_dict"]
+    norm_parts: dict[str, dict[str, Tensor]] = {}
+    out: dict[str, Tensor] = {}
+    for key, tensor in state_dict.items():
+        for suffix, part in (
+            (".weight_g", "g"),
+            (".weight_v", "v"),
+            (".parametrizations.weight.original0", "g"),
+            (".parametrizations.weight.original1", "v"),
+        ):
+            if key.endswith(suffix):
+                norm_parts.setdefault(key[: -len(suffix)], {})[part] = tensor
+                break
+        else:
+            module, _, param = key.rpartition(".")
+            out[f"{_rename_descript_key(module, num_blocks)}.{param}"] = tensor
+    for module, parts in norm_parts.items():
+        if set(parts) != {"g", "v"}:
+            raise KeyError(f"weight-normalised conv {module!r} lacks its {'g' if 'g' not in parts else 'v'} tensor")
+        out[f"{_rename_descript_key(module, num_blocks)}.weight"] = _fuse_weight_norm(parts["g"], parts["v"])
+    return out

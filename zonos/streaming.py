@@ -1,0 +1,149 @@
+"""Streaming: turn the decode loop's delayed codes into audio chunks as frames complete.
+
+A frame t is final once column t + 9 of the delayed codes is written (its 9th, most delayed codebook).
+Final frames go to a stateful DAC decoder (:class:`zonos.codec.streaming.StreamingDACDecoder`) that keeps
+each layer's context, so concatenated chunks equal the one-shot decode of the same codes. The decoder's
+convolutions look ahead ``lookahead_frames`` frames, so the first push waits for that many frames plus
+the first chunk; later pushes carry ``chunk_frames`` frames each.
+
+On CUDA the vocoder runs on a side stream and each chunk is handed out one decode step later, so the
+vocoder overlaps the next step instead of stalling it; chunk audio then arrives on the CPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+from zonos.codebook_pattern import revert_delay_pattern
+
+N_CODEBOOKS = 9
+CODEBOOK_SIZE = 1024
+
+
+@dataclass
+class AudioChunk:
+    """One piece of a streamed utterance.
+
+    Attributes:
+        audio: (batch, 1, samples) float32 waveform at 44.1 kHz; CPU when the model runs on CUDA.
+        codes: (batch, 9, frames) the code frames pushed to the vocoder for this chunk (EOS/MASK as 0);
+            concatenated over chunks they equal ``generate``'s one-shot codes.
+        frames: [start, end) indices of those code frames in the utterance.
+        samples: [start, end) indices of ``audio`` in the utterance's waveform.
+        final: True for the last chunk (the vocoder's tail is flushed into it).
+    """
+
+    audio: torch.Tensor
+    codes: torch.Tensor
+    frames: tuple[int, int]
+    samples: tuple[int, int]
+    final: bool
+
+
+def check_chunk_sizes(first_chunk_frames: int, chunk_frames: int) -> None:
+    """Chunk sizes are positive integer frame counts."""
+    for name, value in (("first_chunk_frames", first_chunk_frames), ("chunk_frames", chunk_frames)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive int (frames of ~11.6 ms), got {value!r}")
+
+
+def _final_frames(delayed: torch.Tensor, start: int, end: int) -> torch.Tensor:
+    """Frames [start, end) of the delayed codes (all their columns must be written)."""
+    return revert_delay_pattern(delayed[..., : end + N_CODEBOOKS])[..., start:end]
+
+
+def stream_chunks(
+    steps: Iterator[tuple[torch.Tensor, int]],
+    decoder,
+    eos_token_id: int,
+    first_chunk_frames: int,
+    chunk_frames: int,
+) -> Iterator[AudioChunk]:
+    """Consume the decode loop's ``(delayed_codes, offset)`` updates and yield audio chunks.
+
+    Stops at the frame where every batch row has produced EOS (that frame is not emitted), or when the
+    loop ends. Closing the returned iterator closes ``steps`` and resets the decoder.
+    """
+    decoder.reset()
+    lookahead = decoder.receptive_field.lookahead_frames
+    device = next(decoder.dac.parameters()).device
+    side = torch.cuda.Stream(device) if device.type == "cuda" else None
+    ready: list[torch.Tensor] = []  # final frames not yet pushed
+    accepted = pushed = samples = 0
+    next_push = lookahead + first_chunk_frames
+    ended: torch.Tensor | None = None
+    held: tuple[AudioChunk, torch.cuda.Event] | None = None  # CUDA: the chunk handed out after the next step
+
+    def vocode(final: bool) -> AudioChunk:
+        nonlocal pushed, samples
+        codes = torch.cat(ready, dim=-1) if ready else None
+        ready.clear()
+        if side is None:
+            audio = decoder.push(codes) if codes is not None else None
+            tail = decoder.flush() if final else None
+        else:
+            side.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(side):
+                audio = decoder.push(codes) if codes is not None else None
+                tail = decoder.flush() if final else None
+        parts = [a for a in (audio, tail) if a is not None]
+        audio = torch.cat(parts, dim=-1) if parts else torch.zeros(1, 1, 0, device=device)
+        if codes is None:
+            codes = torch.zeros(audio.shape[0], N_CODEBOOKS, 0, dtype=torch.long, device=device)
+        if side is not None:
+            with torch.cuda.stream(side):
+                host = torch.empty(audio.shape, dtype=audio.dtype, pin_memory=True)
+                host.copy_(audio, non_blocking=True)
+            audio = host
+        n_frames = codes.shape[-1]
+        chunk = AudioChunk(audio, codes, (pushed, pushed + n_frames), (samples, samples + audio.shape[-1]), final)
+        pushed += n_frames
+        samples += audio.shape[-1]
+        return chunk
+
+    try:
+        finished = False
+        for delayed, offset in steps:
+            if held is not None:
+                held[1].synchronize()
+                yield held[0]
+                held = None
+            complete = max(offset - N_CODEBOOKS + 1, 0)
+            if complete > accepted:
+                new = _final_frames(delayed, accepted, complete)
+                eos = new[:, 0] == eos_token_id  # (b, n)
+                prior = torch.zeros_like(eos[:, 0]) if ended is None else ended
+                done = (prior[:, None] | eos.cummax(dim=1).values).all(dim=0)  # every row has ended by frame j
+                stop = int(done.int().argmax()) if bool(done.any()) else None
+                if stop is not None:
+                    new, finished = new[..., :stop], True
+                ended = prior | eos.any(dim=1)
+                ready.append(new.masked_fill(new >= CODEBOOK_SIZE, 0))
+                accepted += new.shape[-1]
+            if finished:
+                break
+            if accepted >= next_push:
+                chunk = vocode(final=False)
+                next_push = accepted + chunk_frames
+                if side is None:
+                    yield chunk
+                else:
+                    event = torch.cuda.Event()
+                    event.record(side)
+                    held = (chunk, event)
+        if held is not None:
+            held[1].synchronize()
+            yield held[0]
+            held = None
+        last = vocode(final=True)
+        if side is not None:
+            side.synchronize()
+        yield last
+    finally:
+        close = getattr(steps, "close", None)
+        if close is not None:
+            close()
+        decoder.reset()

@@ -39,8 +39,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--speaker-embedding",
         default=None,
-        help="optional file holding a 128-value speaker embedding saved with torch.save (e.g. from "
-        "make_speaker_embedding); without it the model's unconditional speaker is used",
+        help="optional file holding a 128-value speaker embedding tensor saved with torch.save; "
+        "without it the model's learned unconditional speaker is used",
     )
     p.add_argument("--seed", type=int, default=None, help="random seed for reproducible sampling")
     p.add_argument("--cfg-scale", type=float, default=2.0, help="classifier-free guidance scale; 1.0 disables guidance")
@@ -49,6 +49,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--max-new-tokens", type=int, default=86 * 30, help="most frames to generate; 86 frames are about one second"
     )
     p.add_argument("--device", default=None, help="torch device, e.g. cuda, cuda:1 or cpu (default: cuda if available)")
+    p.add_argument(
+        "--stream",
+        action="store_true",
+        help="stream: write the wav chunk by chunk as frames complete and report time-to-first-audio",
+    )
+    p.add_argument(
+        "--first-chunk-frames",
+        type=int,
+        default=None,
+        help="with --stream: frames in the first chunk (after the vocoder's ~10-frame lookahead); default: the model's",
+    )
+    p.add_argument(
+        "--chunk-frames", type=int, default=None, help="with --stream: frames in each later chunk; default: the model's"
+    )
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     return p.parse_args(argv)
 
@@ -69,29 +83,60 @@ def main(argv: list[str] | None = None) -> int:
     model = Zonos.from_pretrained(args.model, device=device, autoencoder=codec)
     print(f"loaded {args.model} on {device} in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
 
+    t_request = time.perf_counter()
     cond = make_cond_dict(text=args.text, language=args.language, speaker=speaker, device=device)
     prefix = model.prepare_conditioning(cond)
+    args.conditioning_s = time.perf_counter() - t_request
     generator = None
     if args.seed is not None:
         generator = torch.Generator(device=device).manual_seed(args.seed)
-    t0 = time.perf_counter()
-    codes = model.generate(
-        prefix,
+    kwargs = dict(
         max_new_tokens=args.max_new_tokens,
         cfg_scale=args.cfg_scale,
         sampling_params={"min_p": args.min_p},
         progress_bar=not args.no_progress,
         generator=generator,
     )
-    wav = model.autoencoder.decode(codes)[0]
+    sr = model.autoencoder.sampling_rate
+    t0 = time.perf_counter()
+    if args.stream:
+        seconds = stream_to_file(model, prefix, args, kwargs, t0)
+    else:
+        codes = model.generate(prefix, **kwargs)
+        wav = model.autoencoder.decode(codes)[0]
+        seconds = wav.shape[-1] / sr
+        save_audio(args.out, wav.cpu(), sr)
     elapsed = time.perf_counter() - t0
-    seconds = wav.shape[-1] / model.autoencoder.sampling_rate
-    save_audio(args.out, wav.cpu(), model.autoencoder.sampling_rate)
     print(
         f"wrote {args.out}: {seconds:.2f} s of audio in {elapsed:.2f} s (real-time factor {seconds / elapsed:.2f}x)",
         file=sys.stderr,
     )
     return 0
+
+
+def stream_to_file(model, prefix, args: argparse.Namespace, kwargs: dict, t0: float) -> float:
+    """Write chunks to ``args.out`` as they arrive; print time-to-first-audio. Returns seconds of audio."""
+    import soundfile as sf
+
+    if args.first_chunk_frames is not None:
+        kwargs["first_chunk_frames"] = args.first_chunk_frames
+    if args.chunk_frames is not None:
+        kwargs["chunk_frames"] = args.chunk_frames
+    samples = 0
+    with sf.SoundFile(args.out, "w", samplerate=model.autoencoder.sampling_rate, channels=1, subtype="FLOAT") as f:
+        for chunk in model.generate(prefix, stream=True, **kwargs):
+            audio = chunk.audio[0, 0].cpu().numpy()
+            if samples == 0 and audio.size:
+                ttfa = time.perf_counter() - t0
+                print(
+                    f"time to first audio: {1000 * ttfa:.0f} ms after conditioning "
+                    f"({1000 * (ttfa + args.conditioning_s):.0f} ms including it)",
+                    file=sys.stderr,
+                )
+            f.write(audio)
+            f.flush()
+            samples += audio.size
+    return samples / model.autoencoder.sampling_rate
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections import deque
 from collections.abc import Callable, Iterator
 
 import torch
@@ -12,10 +13,10 @@ from tqdm import tqdm
 
 from zonos.backbone import InferenceState, ZonosBackbone
 from zonos.codebook_pattern import apply_delay_pattern, revert_delay_pattern
+from zonos.codec.streaming import StreamingDACDecoder
 from zonos.conditioning import PrefixConditioner
 from zonos.config import ZonosConfig
 from zonos.hub import resolve_file
-from zonos.codec.streaming import StreamingDACDecoder
 from zonos.sampling import SamplingParams, sample_from_logits
 from zonos.streaming import AudioChunk, check_chunk_sizes, stream_chunks
 
@@ -249,8 +250,9 @@ class Zonos(nn.Module):
         halves = 2 if cfg_scale != 1.0 else 1
         if prefix.shape[0] not in (halves, halves * batch_size) and not (halves == 1 and prefix.shape[0] == 2):
             raise ValueError(
-                f"prefix_conditioning has batch {prefix.shape[0]}; with cfg_scale={cfg_scale} and batch_size={batch_size} "
-                f"it must be {halves} (shared by the batch) or {halves * batch_size} (cond rows, then uncond rows)"
+                f"prefix_conditioning has batch {prefix.shape[0]}; with cfg_scale={cfg_scale} and "
+                f"batch_size={batch_size} it must be {halves} (shared by the batch) or {halves * batch_size} "
+                "(cond rows, then uncond rows)"
             )
         if audio_prefix_codes is not None:
             a = audio_prefix_codes
@@ -430,14 +432,10 @@ class Zonos(nn.Module):
                 prefix, audio_prefix_codes, max_new_tokens, cfg_scale, batch_size, params, generator, progress_bar
             )
             return self._stream(steps, callback, first_chunk_frames, chunk_frames)
-        delayed, offset = None, 0
-        for delayed, offset in _with_callback(
-            self._decode_loop(
-                prefix, audio_prefix_codes, max_new_tokens, cfg_scale, batch_size, params, generator, progress_bar
-            ),
-            callback,
-        ):
-            pass
+        steps = self._decode_loop(
+            prefix, audio_prefix_codes, max_new_tokens, cfg_scale, batch_size, params, generator, progress_bar
+        )
+        delayed, offset = deque(_with_callback(steps, callback), maxlen=1)[0]  # run the loop, keep the last update
         return self._frames(delayed, offset)
 
 

@@ -72,7 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     from zonos.audio import save_audio
     from zonos.codec import DACAutoencoder
     from zonos.conditioning import make_cond_dict
-    from zonos.model import Zonos, default_device
+    from zonos.model import Zonos
+    from zonos.utils import default_device
 
     device = torch.device(args.device) if args.device else default_device()
     speaker = None

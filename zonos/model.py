@@ -17,8 +17,9 @@ from zonos.codec.streaming import StreamingDACDecoder
 from zonos.conditioning import PrefixConditioner
 from zonos.config import ZonosConfig
 from zonos.hub import resolve_file
-from zonos.sampling import SamplingParams, sample_from_logits
+from zonos.sampling import SamplingParams, sample_tokens
 from zonos.streaming import AudioChunk, check_chunk_sizes, stream_chunks
+from zonos.utils import default_device, default_dtype
 
 N_CODEBOOKS = 9  # the DAC 44.1 kHz codec's residual codebooks
 CODEBOOK_SIZE = 1024
@@ -26,16 +27,6 @@ UNKNOWN = -1  # a delayed-code slot not generated yet
 DEFAULT_CODEC = "descript/dac_44khz"
 DEFAULT_FIRST_CHUNK_FRAMES = 2
 DEFAULT_CHUNK_FRAMES = 8
-
-
-def default_device() -> torch.device:
-    """CUDA when available, else CPU."""
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-
-def default_dtype(device: torch.device) -> torch.dtype:
-    """bf16 on accelerators (what the checkpoints were trained and upstream runs in), fp32 on CPU."""
-    return torch.float32 if device.type == "cpu" else torch.bfloat16
 
 
 class Zonos(nn.Module):
@@ -91,6 +82,7 @@ class Zonos(nn.Module):
         dtype: torch.dtype | None = None,
         autoencoder=None,
         max_seqlen: int = 4096,
+        backbone: str | None = None,
     ) -> Zonos:
         """Load from a ``config.json`` and a ``model.safetensors``.
 
@@ -99,7 +91,11 @@ class Zonos(nn.Module):
             dtype: defaults to bf16 on accelerators and fp32 on CPU.
             autoencoder: a :class:`zonos.codec.DACAutoencoder`; None loads ``descript/dac_44khz`` on first use.
             max_seqlen: longest prefix + generated sequence the decode caches are allocated for.
+            backbone: upstream's backbone choice (``"torch"`` or ``"mamba_ssm"``), accepted for compatibility:
+                one implementation here serves both checkpoints, with fast paths chosen per device.
         """
+        if backbone not in (None, "torch", "mamba_ssm"):
+            raise ValueError(f"unknown backbone {backbone!r}: upstream's names are 'torch' and 'mamba_ssm'")
         device = torch.device(device) if device is not None else default_device()
         dtype = dtype or default_dtype(device)
         config = ZonosConfig.from_json(config_path)
@@ -305,7 +301,7 @@ class Zonos(nn.Module):
 
         offset = prefix_audio_len + 1
         logits = self._prefill(prefix, delayed[..., :offset], state, cfg_scale)
-        tokens = sample_from_logits(logits, params, None, generator)[..., 0]
+        tokens = sample_tokens(logits, params, None, generator)[..., 0]
         self._write(delayed, offset, tokens)
         yield delayed, offset
 
@@ -351,7 +347,7 @@ class Zonos(nn.Module):
         9 steps later. Updates ``remaining`` and ``stopping`` (b,) in place; returns tokens (b, 9).
         """
         logits = self._step(last_codes, state, cfg_scale)
-        tokens = sample_from_logits(logits, params, recent, generator)[..., 0]
+        tokens = sample_tokens(logits, params, recent, generator)[..., 0]
         eos = tokens[:, 0] == self.eos_token_id
         remaining.copy_(torch.where(eos, remaining.clamp(max=N_CODEBOOKS), remaining))
         stopping |= eos

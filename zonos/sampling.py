@@ -84,7 +84,7 @@ def _min_p(probs: torch.Tensor, min_p: float) -> torch.Tensor:
     return _renormalize(probs.masked_fill(probs < min_p * probs.amax(-1, keepdim=True), 0.0))
 
 
-def sample_from_logits(
+def sample_tokens(
     logits: torch.Tensor,
     params: SamplingParams = SamplingParams(),
     recent_tokens: torch.Tensor | None = None,
@@ -111,3 +111,24 @@ def sample_from_logits(
         probs = _min_p(probs, params.min_p)
     race = torch.empty_like(probs).exponential_(1, generator=generator)
     return (probs / race).argmax(-1, keepdim=True)
+
+
+def sample_from_logits(
+    logits: torch.Tensor,
+    temperature: float = 1.0,
+    top_p: float = 0.0,
+    top_k: int = 0,
+    min_p: float = 0.0,
+    linear: float = 0.0,
+    conf: float = 0.0,
+    quad: float = 0.0,
+    generated_tokens: torch.Tensor | None = None,
+    repetition_penalty: float = 3.0,
+    repetition_penalty_window: int = 2,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """Upstream's signature: sample (b, n_q, 1) tokens from logits (b, n_q, V); see :class:`SamplingParams`."""
+    params = SamplingParams(
+        temperature, top_p, top_k, min_p, linear, conf, quad, repetition_penalty, repetition_penalty_window
+    )
+    return sample_tokens(logits, params, generated_tokens, generator)

@@ -1,0 +1,157 @@
+"""Streaming latency on a GPU: time-to-first-audio, steady per-frame latency and real-time factor per
+chunk schedule, the split of the first-audio path, and the streaming vocoder's cost per frame against
+one-shot decoding.
+
+Real-size Zonos-v0.1-hybrid and DAC 44.1 kHz with random bf16 weights; EOS suppressed so every run
+generates exactly --frames frames; a random 120-token prefix stands in for the text conditioning.
+
+    python benchmarks/streaming.py [--frames 300] [--reps 10] [--graphs]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from benchmarks.common import cuda_time, percentile, random_model, suppress_eos, table
+from zonos.codec.autoencoder import DACAutoencoder
+from zonos.codec.dac import DACConfig
+from zonos.codec.streaming import StreamingDACDecoder
+
+FRAME_S = 512 / 44100  # 11.61 ms of audio per frame
+
+
+def vocoder_cost(codec: DACAutoencoder, frames: int, chunk_sizes: list[int]) -> list[dict]:
+    """Seconds per frame of one-shot decode vs streaming pushes of each chunk size; SNR of the stream."""
+    codes = torch.randint(0, 1024, (1, 9, frames), device="cuda")
+    one_shot = cuda_time(lambda: codec.decode(codes)) / frames
+    ref = codec.decode(codes).float()
+    dec = StreamingDACDecoder(codec)
+    rows = []
+    for c in chunk_sizes:
+        out: list[torch.Tensor] = []
+
+        def stream(c=c, out=out):
+            dec.reset()
+            out.clear()
+            for s in range(0, frames, c):
+                out.append(dec.push(codes[..., s : s + c]))
+            out.append(dec.flush())
+
+        per_frame = cuda_time(stream) / frames
+        audio = torch.cat(out, -1)
+        snr = 10 * torch.log10(ref.pow(2).sum() / (ref - audio).pow(2).sum().clamp_min(1e-30))
+        rows.append(
+            {
+                "chunk frames": c,
+                "one-shot ms/frame": 1000 * one_shot,
+                "streamed ms/frame": 1000 * per_frame,
+                "ratio": per_frame / one_shot,
+                "SNR dB vs one-shot": float(snr),
+            }
+        )
+    return rows
+
+
+def stream_run(model, prefix, frames: int, first: int, steady: int) -> dict:
+    """One streamed request; timestamps of every decode-loop update."""
+    marks = []
+    loop = model._decode_loop
+
+    def timed_loop(*a, **k):
+        for update in loop(*a, **k):
+            marks.append(time.perf_counter())
+            yield update
+
+    model._decode_loop = timed_loop
+    try:
+        t0 = time.perf_counter()
+        ttfa, n_samples = None, 0
+        for chunk in model.generate(
+            prefix,
+            max_new_tokens=frames,
+            progress_bar=False,
+            stream=True,
+            first_chunk_frames=first,
+            chunk_frames=steady,
+        ):
+            if ttfa is None and chunk.audio.shape[-1]:
+                ttfa = time.perf_counter() - t0
+            n_samples += chunk.audio.shape[-1]
+        total = time.perf_counter() - t0
+    finally:
+        del model._decode_loop
+    steps = [b - a for a, b in zip(marks, marks[1:])]
+    return {
+        "ttfa": ttfa,
+        "prefill": marks[0] - t0,
+        "step": statistics.median(steps),
+        "total": total,
+        "audio_s": n_samples / 44100,
+    }
+
+
+def first_push_time(codec: DACAutoencoder, frames: int) -> float:
+    """Seconds for the vocoder's first push of a stream (``frames`` frames from a fresh state)."""
+    dec = StreamingDACDecoder(codec)
+    codes = torch.randint(0, 1024, (1, 9, frames), device="cuda")
+
+    def push():
+        dec.reset()
+        dec.push(codes)
+
+    return cuda_time(push)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--frames", type=int, default=300, help="frames per request (86 ≈ 1 s)")
+    p.add_argument("--reps", type=int, default=10, help="requests per schedule for the TTFA percentiles")
+    p.add_argument("--schedules", default="1x1,1x2,2x4,2x8,4x16", help="first x steady chunk frames, comma-separated")
+    p.add_argument("--graphs", action="store_true", help="decode with the persistent CUDA graph runner")
+    args = p.parse_args()
+
+    torch.manual_seed(0)
+    codec = DACAutoencoder(DACConfig(), device="cuda")
+    print(table(vocoder_cost(codec, 256, [1, 2, 4, 8, 16, 32]), "Vocoder: streamed vs one-shot cost per frame"))
+
+    model = random_model("hybrid", autoencoder=codec)
+    suppress_eos(model)
+    if args.graphs:
+        from zonos_accel.graph import enable_cuda_graphs
+
+        enable_cuda_graphs(model)
+    prefix = torch.randn(2, 120, 2048, device="cuda", dtype=torch.bfloat16)
+    stream_run(model, prefix, 30, 1, 1)  # warm-up: allocations, cuDNN/cuBLAS heuristics, graph capture
+
+    lookahead = model._stream_decoder.receptive_field.lookahead_frames
+    rows = []
+    for spec in args.schedules.split(","):
+        first, steady = map(int, spec.split("x"))
+        runs = [stream_run(model, prefix, args.frames, first, steady) for _ in range(args.reps)]
+        ttfa = [r["ttfa"] for r in runs]
+        prefill = statistics.median(r["prefill"] for r in runs)
+        step = statistics.median(r["step"] for r in runs)
+        push = first_push_time(codec, lookahead + first)
+        bound = prefill + (9 + lookahead + first) * step + push
+        rows.append(
+            {
+                "schedule": spec,
+                "TTFA p50 ms": 1000 * percentile(ttfa, 50),
+                "TTFA p90 ms": 1000 * percentile(ttfa, 90),
+                "prefill ms": 1000 * prefill,
+                "step ms": 1000 * step,
+                "first vocoder push ms": 1000 * push,
+                f"bound: prefill+(9+{lookahead}+first) steps+push ms": 1000 * bound,
+                "RTF (audio s / wall s)": statistics.median(r["audio_s"] / r["total"] for r in runs),
+            }
+        )
+    print(table(rows, f"Streaming, {args.frames} frames per request, {args.reps} requests per schedule"))
+    print(f"\n{torch.cuda.get_device_name()}, torch {torch.__version__}, graphs={'on' if args.graphs else 'off'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,59 @@
+"""Sampling: each filter against its definition, the repetition penalty, and the draw's distribution."""
+
+import pytest
+import torch
+
+from zonos.sampling import SamplingParams, apply_repetition_penalty, sample_from_logits, sample_tokens
+
+
+def _probs_after(logits, **kw):
+    """Empirical distribution of 20000 draws."""
+    gen = torch.Generator().manual_seed(0)
+    draws = sample_from_logits(logits.expand(20000, 1, -1).clone(), generator=gen, repetition_penalty=1.0, **kw)
+    return torch.bincount(draws.flatten(), minlength=logits.shape[-1]).float() / 20000
+
+
+def test_draws_follow_softmax():
+    logits = torch.tensor([[[1.0, 0.0, -1.0, 2.0]]])
+    expected = torch.softmax(logits[0, 0], -1)
+    assert (_probs_after(logits) - expected).abs().max() < 0.015
+
+
+def test_temperature_top_k_top_p_min_p():
+    logits = torch.tensor([[[3.0, 2.0, 1.0, 0.0, -1.0]]])
+    p = torch.softmax(logits[0, 0], -1)
+    assert (_probs_after(logits, top_k=2)[2:] == 0).all()
+    # top_p keeps the smallest prefix whose mass reaches p (here the first two tokens: 0.665 + 0.245 ≥ 0.8).
+    assert (_probs_after(logits, top_p=0.8)[2:] == 0).all() and p[0] < 0.8
+    # min_p drops tokens below min_p × the top probability.
+    kept = p >= 0.2 * p[0]
+    assert ((_probs_after(logits, min_p=0.2) > 0) == kept).all()
+    hot = _probs_after(logits, temperature=4.0)
+    assert hot[-1] > 2 * p[-1]
+
+
+def test_greedy_and_unified():
+    logits = torch.randn(2, 9, 1026)
+    greedy = sample_from_logits(logits, temperature=0, repetition_penalty=1.0)
+    assert torch.equal(greedy[..., 0], logits.argmax(-1))
+    u = sample_from_logits(logits, linear=0.5, conf=0.4, quad=0.0, generator=torch.Generator().manual_seed(1))
+    assert u.shape == (2, 9, 1) and u.dtype == torch.long
+
+
+def test_repetition_penalty_per_occurrence():
+    logits = torch.tensor([[[2.0, -2.0, 1.0, 5.0]]])
+    recent = torch.tensor([[[0, 1, 0, 7]]])  # 7 ≥ V clamps to the last column, as upstream
+    out = apply_repetition_penalty(logits, recent, 2.0)
+    assert torch.equal(out, torch.tensor([[[0.5, -4.0, 1.0, 2.5]]]))
+    params = SamplingParams(temperature=0, repetition_penalty=100.0, repetition_penalty_window=1)
+    # The window only looks at the last token: 0 is penalized away only when it is the newest.
+    assert sample_tokens(torch.tensor([[[3.0, 2.9]]]), params, torch.tensor([[[0, 1]]])).item() == 0
+    assert sample_tokens(torch.tensor([[[3.0, 2.9]]]), params, torch.tensor([[[1, 0]]])).item() == 1
+
+
+@pytest.mark.parametrize(
+    "bad", [{"temperature": -1}, {"top_p": 2}, {"top_k": 1.5}, {"repetition_penalty_window": 0}, {"nucleus": 1}]
+)
+def test_bad_params(bad):
+    with pytest.raises(ValueError):
+        SamplingParams.from_dict(bad)

@@ -37,6 +37,16 @@ TINY = dict(
 )
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _single_thread():
+    """The tiny models run thousands of small ops; with the 2 shared CPU cores busy, torch's thread
+    pool makes them many times slower, so use one thread here (restored afterwards)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def random_weights(config: DACConfig, seed: int = 0) -> dict[str, torch.Tensor]:
     """Seeded weights with roughly unit-scale activations, Snake alphas spread over [0.3, 2], and a
     small final conv so tanh does not saturate (a saturated output would hide errors)."""
@@ -188,7 +198,9 @@ def _descript_name(name: str) -> str:
 def _legacy_state_dict(weights: dict[str, torch.Tensor], parametrized: bool = False) -> dict[str, torch.Tensor]:
     """Descript-style tensors: every conv weight split into weight_g / weight_v (v = w * random scale)."""
     g_name, v_name = (
-        ("parametrizations.weight.original0", "parametrizations.weight.original1") if parametrized else ("weight_g", "weight_v")
+        ("parametrizations.weight.original0", "parametrizations.weight.original1")
+        if parametrized
+        else ("weight_g", "weight_v")
     )
     gen = torch.Generator().manual_seed(5)
     out = {}
@@ -215,8 +227,17 @@ def test_convert_descript_state_dict(tiny_weights, parametrized):
 
 
 def test_from_descript_checkpoint(codec, tiny_weights, tmp_path):
-    kwargs = dict(encoder_dim=4, encoder_rates=[2, 4, 8, 8], latent_dim=64, decoder_dim=32,
-                  decoder_rates=[8, 8, 4, 2], n_codebooks=9, codebook_size=1024, codebook_dim=8, sample_rate=44100)
+    kwargs = dict(
+        encoder_dim=4,
+        encoder_rates=[2, 4, 8, 8],
+        latent_dim=64,
+        decoder_dim=32,
+        decoder_rates=[8, 8, 4, 2],
+        n_codebooks=9,
+        codebook_size=1024,
+        codebook_dim=8,
+        sample_rate=44100,
+    )
     path = tmp_path / "weights.pth"
     torch.save({"state_dict": _legacy_state_dict(tiny_weights), "metadata": {"kwargs": kwargs}}, path)
     loaded = DACAutoencoder.from_descript_checkpoint(path)
@@ -280,6 +301,22 @@ def test_offline_hub_without_cache_gives_clear_error(tmp_path, monkeypatch):
     assert "descript/dac_44khz" in msg and "hf download" in msg and "from_local" in msg
 
 
+def test_from_pretrained_uses_hub_files(codec, tmp_path, monkeypatch):
+    import huggingface_hub
+
+    codec.save_pretrained(tmp_path)
+    asked = []
+
+    def fake_download(repo_id, filename, revision=None, cache_dir=None):
+        asked.append((repo_id, filename, revision))
+        return str(tmp_path / filename)
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", fake_download)
+    loaded = DACAutoencoder.from_pretrained(revision="abc")
+    assert loaded.config == codec.config
+    assert asked == [("descript/dac_44khz", "config.json", "abc"), ("descript/dac_44khz", "model.safetensors", "abc")]
+
+
 def test_autoencoder_attributes(codec):
     assert (codec.sampling_rate, codec.codebook_size, codec.num_codebooks, codec.hop_length) == (44100, 1024, 9, 512)
     assert codec.to("cpu") is codec and codec.device == torch.device("cpu")
@@ -299,7 +336,9 @@ def test_preprocess_pads_to_hop(codec):
     assert codec.encode(out).shape == (1, 9, out.shape[-1] // 512)
 
 
-@pytest.mark.parametrize(("orig", "new", "n"), [(16000, 44100, 1601), (48000, 44100, 4800), (44100, 24000, 999), (8000, 16000, 7)])
+@pytest.mark.parametrize(
+    ("orig", "new", "n"), [(16000, 44100, 1601), (48000, 44100, 4800), (44100, 24000, 999), (8000, 16000, 7)]
+)
 def test_resample_length_matches_torchaudio_rule(orig, new, n):
     assert resample(torch.randn(2, n), orig, new).shape == (2, math.ceil(n * new / orig))
 
@@ -347,6 +386,7 @@ def test_resample_batch_shape_and_dtype():
 
 
 def test_save_and_load_audio_round_trip(tmp_path):
+    pytest.importorskip("soundfile")
     wav = 0.5 * torch.sin(torch.linspace(0, 100, 2000)).repeat(2, 1)
     save_audio(tmp_path / "a.wav", wav, 16000, subtype="FLOAT")
     loaded, sr = load_audio(tmp_path / "a.wav")
@@ -358,6 +398,7 @@ def test_save_and_load_audio_round_trip(tmp_path):
 
 
 def test_load_audio_errors(tmp_path):
+    pytest.importorskip("soundfile")
     with pytest.raises(FileNotFoundError):
         load_audio(tmp_path / "missing.wav")
     bad = tmp_path / "bad.wav"

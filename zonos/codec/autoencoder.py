@@ -31,10 +31,15 @@ class CodecNotAvailableError(OSError):
 
 
 @contextlib.contextmanager
-def decode_precision(device: torch.device) -> Iterator[None]:
-    """The numeric mode of decoding: fp16 autocast on CUDA (as upstream Zonos), plain fp32 elsewhere."""
-    if device.type == "cuda":
-        with torch.autocast("cuda", dtype=torch.float16):
+def decode_precision(device: torch.device, fp16_autocast: bool | None = None) -> Iterator[None]:
+    """The numeric mode of decoding: fp16 autocast on CUDA (as upstream Zonos), plain fp32 elsewhere.
+
+    ``fp16_autocast`` overrides the choice (``None``: autocast exactly when ``device`` is CUDA).
+    """
+    if fp16_autocast is None:
+        fp16_autocast = device.type == "cuda"
+    if fp16_autocast:
+        with torch.autocast(device.type, dtype=torch.float16):
             yield
     else:
         yield
@@ -77,8 +82,6 @@ class DACAutoencoder:
     @classmethod
     def from_local(cls, directory: str | Path, device: str | torch.device = "cpu") -> DACAutoencoder:
         """Load ``config.json`` + ``model.safetensors`` (Hugging Face layout) from ``directory``."""
-        from safetensors.torch import load_file
-
         directory = Path(directory)
         config_path, weights_path = directory / _CONFIG_NAME, directory / _WEIGHTS_NAME
         missing = [p.name for p in (config_path, weights_path) if not p.is_file()]
@@ -87,9 +90,14 @@ class DACAutoencoder:
                 f"{directory} lacks {' and '.join(missing)}; a DAC directory needs {_CONFIG_NAME} and "
                 f"{_WEIGHTS_NAME} (e.g. from `hf download {DEFAULT_REPO_ID} --local-dir DIR`)"
             )
+        return cls._from_files(config_path, weights_path, device)
+
+    @classmethod
+    def _from_files(cls, config_path: Path, weights_path: Path, device: str | torch.device) -> DACAutoencoder:
+        from safetensors.torch import load_file
+
         config = DACConfig.from_json(config_path)
-        weights = load_file(str(weights_path))
-        return cls(config, weights, device=device, source=str(weights_path))
+        return cls(config, load_file(str(weights_path)), device=device, source=str(weights_path))
 
     @classmethod
     def from_pretrained(
@@ -106,10 +114,10 @@ class DACAutoencoder:
         from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, OfflineModeIsEnabled
 
         try:
-            paths = [
-                hf_hub_download(repo_id, name, revision=revision, cache_dir=cache_dir)
+            config_path, weights_path = (
+                Path(hf_hub_download(repo_id, name, revision=revision, cache_dir=cache_dir))
                 for name in (_CONFIG_NAME, _WEIGHTS_NAME)
-            ]
+            )
         except (LocalEntryNotFoundError, OfflineModeIsEnabled, HfHubHTTPError, OSError) as e:
             raise CodecNotAvailableError(
                 f"could not get the DAC codec {repo_id!r} (revision {revision or 'main'}) from the "
@@ -120,7 +128,7 @@ class DACAutoencoder:
                 f"`--local-dir DIR` and pass DIR (holding {_CONFIG_NAME} and {_WEIGHTS_NAME}) to "
                 "DACAutoencoder.from_local(DIR) or from_pretrained(DIR)."
             ) from e
-        return cls.from_local(Path(paths[0]).parent, device=device)
+        return cls._from_files(config_path, weights_path, device)
 
     @classmethod
     def from_descript_checkpoint(cls, path: str | Path, device: str | torch.device = "cpu") -> DACAutoencoder:
@@ -253,4 +261,3 @@ def _config_from_descript_kwargs(kwargs: Mapping[str, object]) -> DACConfig:
         hidden_size=int(latent_dim),
         sampling_rate=int(kwargs.get("sample_rate", defaults.sampling_rate)),
     )
-

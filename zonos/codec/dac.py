@@ -79,8 +79,7 @@ class DACConfig:
         hop = data.get("hop_length")
         if hop is not None and int(hop) != config.hop_length:
             raise ValueError(
-                f"config hop_length {hop} does not match the product of downsampling_ratios "
-                f"({config.hop_length})"
+                f"config hop_length {hop} does not match the product of downsampling_ratios ({config.hop_length})"
             )
         return config
 
@@ -144,9 +143,7 @@ class EncoderBlock(nn.Module):
         super().__init__()
         self.res_unit1, self.res_unit2, self.res_unit3 = _residual_stack(channels)
         self.snake1 = Snake1d(channels)
-        self.conv1 = nn.Conv1d(
-            channels, 2 * channels, 2 * stride, stride=stride, padding=math.ceil(stride / 2)
-        )
+        self.conv1 = nn.Conv1d(channels, 2 * channels, 2 * stride, stride=stride, padding=math.ceil(stride / 2))
 
     def forward(self, x: Tensor) -> Tensor:
         x = self.res_unit3(self.res_unit2(self.res_unit1(x)))

@@ -1,0 +1,249 @@
+"""Streaming DAC decoding: exact against the one-shot decode, minimal latency, no recomputation.
+
+CPU only, with a tiny random DAC that has the real model's strides and kernels (hence the same
+receptive field) but few channels.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from zonos.codec import DAC, DACAutoencoder, DACConfig, StreamingDACDecoder, receptive_field
+
+TINY = dict(
+    encoder_hidden_size=4,
+    downsampling_ratios=[2, 4, 8, 8],
+    decoder_hidden_size=32,
+    upsampling_ratios=[8, 8, 4, 2],
+    hidden_size=64,
+)
+HOP = 512
+LOOKAHEAD = 4757  # derived in zonos/codec/streaming.py's docstring
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _single_thread():
+    """The tiny models run thousands of small ops; with the 2 shared CPU cores busy, torch's thread
+    pool makes them many times slower, so use one thread here (restored afterwards)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def random_weights(config: DACConfig, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Seeded weights keeping activations near unit scale and the output tanh unsaturated."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.device("meta"):
+        shapes = {k: v.shape for k, v in DAC(config).state_dict().items()}
+    out = {}
+    for name, shape in shapes.items():
+        if name.endswith("alpha"):
+            t = 0.3 + 1.7 * torch.rand(shape, generator=g)
+        elif name.endswith("codebook.weight"):
+            t = torch.randn(shape, generator=g)
+        elif name.endswith("bias"):
+            t = 0.05 * torch.randn(shape, generator=g)
+        else:
+            fan_in = shape[0] * 2 if ".conv_t1." in name else shape[1] * shape[2]
+            t = torch.randn(shape, generator=g) / math.sqrt(fan_in)
+            if ".res_unit" in name and ".conv2." in name:
+                t *= 0.2
+        out[name] = t
+    out["decoder.conv2.weight"] *= 0.1
+    return out
+
+
+@pytest.fixture(scope="module")
+def codec() -> DACAutoencoder:
+    config = DACConfig(**TINY)
+    return DACAutoencoder(config, random_weights(config))
+
+
+def random_codes(batch: int, frames: int, seed: int) -> torch.Tensor:
+    return torch.randint(0, 1024, (batch, 9, frames), generator=torch.Generator().manual_seed(seed))
+
+
+def snr_db(x: torch.Tensor, ref: torch.Tensor) -> float:
+    err = (x.double() - ref.double()).pow(2).sum()
+    return float("inf") if err == 0 else float(10 * torch.log10(ref.double().pow(2).sum() / err))
+
+
+def stream(dec: StreamingDACDecoder, codes: torch.Tensor, schedule: list[int]) -> torch.Tensor:
+    """Push ``codes`` in chunks of the given sizes (checking the emitted counts), then flush."""
+    assert sum(schedule) == codes.shape[-1]
+    dec.reset()
+    outs, n = [], 0
+    for size in schedule:
+        out = dec.push(codes[..., n : n + size])
+        n += size
+        assert out.shape[:2] == (codes.shape[0], 1) and out.dtype == torch.float32
+        outs.append(out)
+        assert dec.samples_emitted == dec.receptive_field.samples_ready(n) == max(0, HOP * n - LOOKAHEAD)
+    outs.append(dec.flush())
+    return torch.cat(outs, dim=-1)
+
+
+# -- receptive field ---------------------------------------------------------------------------
+
+
+def test_receptive_field_numbers():
+    rf = receptive_field()  # the 44.1 kHz model
+    assert (rf.hop_length, rf.lookahead_samples, rf.left_context_samples) == (HOP, LOOKAHEAD, LOOKAHEAD)
+    assert (rf.lookahead_frames, rf.left_context_frames) == (10, 10)
+    assert rf.lookahead_ms == pytest.approx(107.87, abs=0.01)
+    assert rf.samples_ready(9) == 0 and rf.samples_ready(10) == 363 and rf.samples_ready(11) == 875
+    # The tiny test model has the same strides and kernels, hence the same receptive field.
+    assert receptive_field(DACConfig(**TINY)) == rf
+
+
+def test_receptive_field_is_exact_in_one_shot_decode():
+    """Sample t of the one-shot decode depends on exactly frames floor((t - L) / 512) .. floor((t + L) / 512).
+
+    Dependence is read off the gradient of sample t: far-reaching paths pass the outermost taps
+    of every layer and are far too small to show up as a difference of two float decodes, but
+    their gradient is nonzero.
+    """
+    config = DACConfig(**TINY)
+    dac = DAC(config).double().eval()
+    dac.load_state_dict({k: v.double() for k, v in random_weights(config).items()})
+    frames, f = 22, 10
+    first, last = HOP * f - LOOKAHEAD, HOP * f + HOP - 1 + LOOKAHEAD  # the samples frame f reaches
+    samples = [0, first - 1, first, 5000, last, last + 1, frames * HOP - 1]
+    # One batch row per probed sample, so that a single backward pass gives all the gradients.
+    latent = torch.randn(1, 64, frames, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+    latent = latent.repeat(len(samples), 1, 1).requires_grad_(True)
+    out = dac.decode_latent(latent)[:, 0]
+    out[torch.arange(len(samples)), torch.tensor(samples)].sum().backward()
+    for row, t in enumerate(samples):
+        used = latent.grad[row].abs().sum(0).nonzero().flatten().tolist()
+        lo, hi = max(0, (t - LOOKAHEAD) // HOP), min(frames - 1, (t + LOOKAHEAD) // HOP)
+        assert used == list(range(lo, hi + 1)), t
+
+
+# -- exactness ---------------------------------------------------------------------------------
+
+SCHEDULES = {
+    "ones": [1] * 23,
+    "odd_growing": [1, 3, 5, 7, 9],
+    "sevens": [7, 7, 7, 7, 3],
+    "one_then_16s": [1, 16, 16, 4],
+    "odd_total": [2, 5, 11, 1],
+    "single_frame": [1],
+    "all_at_once": [19],
+    "short_then_empty": [3, 0, 2],
+}
+
+
+@pytest.mark.parametrize("name", SCHEDULES)
+def test_stream_equals_one_shot_decode(codec, name):
+    schedule = SCHEDULES[name]
+    codes = random_codes(2, sum(schedule), seed=len(name))
+    full = codec.decode(codes)
+    out = stream(StreamingDACDecoder(codec), codes, schedule)
+    assert out.shape == full.shape
+    assert snr_db(out, full) >= 90.0
+    assert (out - full).abs().max() < 1e-5
+
+
+def test_push_latent_and_float64(codec):
+    """Works on the DAC's own dtype; in float64 it is exact to ~1e-12."""
+    config = DACConfig(**TINY)
+    dac64 = DAC(config).double().eval()
+    dac64.load_state_dict({k: v.double() for k, v in random_weights(config).items()})
+    latent = torch.randn(1, 64, 14, dtype=torch.float64, generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        full = dac64.decode_latent(latent)
+    dec = StreamingDACDecoder(dac64)
+    parts = [dec.push_latent(latent[..., i : i + 3]) for i in range(0, 14, 3)] + [dec.flush()]
+    out = torch.cat(parts, dim=-1)
+    assert out.dtype == torch.float32  # outputs are float32 whatever the codec's dtype
+    assert torch.allclose(out.double(), full, atol=1e-6)
+    assert snr_db(out.double(), full) > 130
+
+
+# -- latency: nothing emitted early, nothing held back -----------------------------------------
+
+
+def test_emitted_samples_do_not_depend_on_future_frames(codec):
+    codes = random_codes(1, 24, seed=7)
+    other = codes.clone()
+    other[..., 14:] = random_codes(1, 10, seed=8)  # different future after frame 13
+    dec = StreamingDACDecoder(codec)
+    emitted = torch.cat([dec.push(codes[..., :6]), dec.push(codes[..., 6:14])], dim=-1)
+    assert emitted.shape[-1] == HOP * 14 - LOOKAHEAD
+    # Both futures' one-shot decodes agree with what was already emitted.  (That the next sample
+    # does depend on frame 14, so could not have been emitted, is test_receptive_field_is_exact...)
+    for future in (codes, other):
+        full = codec.decode(future)[..., : emitted.shape[-1]]
+        assert (emitted - full).abs().max() < 1e-5
+    # Pushing the differing future changes nothing already out: the rest is still exact.
+    rest = torch.cat([dec.push(other[..., 14:]), dec.flush()], dim=-1)
+    assert snr_db(torch.cat([emitted, rest], dim=-1), codec.decode(other)) >= 90.0
+
+
+def test_flush_emits_the_rest(codec):
+    dec = StreamingDACDecoder(codec)
+    for n in range(1, 13):
+        dec.push(random_codes(1, 1, seed=n))
+    tail = dec.flush()
+    assert tail.shape[-1] == LOOKAHEAD and dec.samples_emitted == 12 * HOP
+
+
+# -- cost: no re-decoding ----------------------------------------------------------------------
+
+
+def test_streaming_does_no_more_conv_work_than_one_shot(codec, monkeypatch):
+    """Count multiply-accumulates of every conv call: 1-frame streaming must not redo any work."""
+    macs = {"n": 0}
+    conv1d, conv_t = F.conv1d, F.conv_transpose1d
+
+    def counting_conv1d(x, w, *args, **kwargs):
+        y = conv1d(x, w, *args, **kwargs)
+        macs["n"] += y.numel() * w.shape[1] * w.shape[2]
+        return y
+
+    def counting_conv_t(x, w, *args, **kwargs):
+        macs["n"] += x.numel() * w.shape[1] * w.shape[2]
+        return conv_t(x, w, *args, **kwargs)
+
+    monkeypatch.setattr(F, "conv1d", counting_conv1d)
+    monkeypatch.setattr(F, "conv_transpose1d", counting_conv_t)
+    codes = random_codes(1, 20, seed=9)
+    codec.decode(codes)
+    one_shot, macs["n"] = macs["n"], 0
+    stream(StreamingDACDecoder(codec), codes, [1] * 20)
+    # The codebook projections (kernel-1 convs of the quantizer) run per push in both, so equal too.
+    assert macs["n"] == one_shot
+
+
+# -- lifecycle ---------------------------------------------------------------------------------
+
+
+def test_reset_makes_the_decoder_reusable(codec):
+    dec = StreamingDACDecoder(codec)
+    dec.push(random_codes(3, 5, seed=10))  # a cancelled stream with another batch size
+    dec.reset()
+    codes = random_codes(1, 12, seed=11)
+    out = torch.cat([dec.push(codes[..., :4]), dec.push(codes[..., 4:]), dec.flush()], dim=-1)
+    assert snr_db(out, codec.decode(codes)) >= 90.0
+
+
+def test_misuse_errors(codec):
+    dec = StreamingDACDecoder(codec)
+    dec.push(random_codes(1, 2, seed=12))
+    with pytest.raises(ValueError, match="batch size changed"):
+        dec.push(random_codes(2, 1, seed=13))
+    with pytest.raises(ValueError, match="EOS"):
+        dec.push(torch.full((1, 9, 1), 1025))
+    dec.flush()
+    with pytest.raises(RuntimeError, match="reset"):
+        dec.push(random_codes(1, 1, seed=14))
+    with pytest.raises(RuntimeError, match="reset"):
+        dec.flush()
+    dec.reset()
+    assert dec.flush().shape[-1] == 0  # nothing pushed: nothing to flush

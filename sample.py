@@ -42,6 +42,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="optional file holding a 128-value speaker embedding tensor saved with torch.save; "
         "without it the model's learned unconditional speaker is used",
     )
+    p.add_argument(
+        "--speaker-audio",
+        default=None,
+        help="optional voice clip (wav/flac/ogg, at least 0.5 s of speech) to clone; its embedding comes from "
+        "Zyphra/Zonos-v0.1-speaker-embedding (downloaded on first use)",
+    )
     p.add_argument("--seed", type=int, default=None, help="random seed for reproducible sampling")
     p.add_argument("--cfg-scale", type=float, default=2.0, help="classifier-free guidance scale; 1.0 disables guidance")
     p.add_argument("--min-p", type=float, default=0.1, help="min-p sampling threshold (0 disables it)")
@@ -69,13 +75,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from zonos.audio import save_audio
+    from zonos.audio import load_audio, save_audio
     from zonos.codec import DACAutoencoder
     from zonos.conditioning import make_cond_dict
     from zonos.model import Zonos
     from zonos.utils import default_device
 
     device = torch.device(args.device) if args.device else default_device()
+    if args.speaker_embedding and args.speaker_audio:
+        raise SystemExit("give either --speaker-embedding or --speaker-audio, not both")
     speaker = None
     if args.speaker_embedding:
         speaker = torch.load(args.speaker_embedding, map_location="cpu", weights_only=True)
@@ -84,6 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     model = Zonos.from_pretrained(args.model, device=device, autoencoder=codec)
     print(f"loaded {args.model} on {device} in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
 
+    if args.speaker_audio:
+        speaker = model.make_speaker_embedding(*load_audio(args.speaker_audio))
     t_request = time.perf_counter()
     cond = make_cond_dict(text=args.text, language=args.language, speaker=speaker, device=device)
     prefix = model.prepare_conditioning(cond)

@@ -169,5 +169,24 @@ def test_from_pretrained_local_dir_and_offline_hub(tmp_path, monkeypatch, codec)
     assert model.dtype == torch.float32 and model.logit_width == 1026
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
-    with pytest.raises(FileNotFoundError, match="huggingface-cli download"):
+    with pytest.raises(FileNotFoundError, match="hf download Zyphra/Zonos-v0.1-hybrid"):
         Zonos.from_pretrained("Zyphra/Zonos-v0.1-hybrid", device="cpu", cache_dir=str(tmp_path / "hf"))
+
+
+def test_speaker_embedding_conditions_generation(tiny, tmp_path):
+    """make_speaker_embedding → make_cond_dict(speaker=...) changes the prefix and generates."""
+    from tests.test_speaker import TINY, _speech_like, random_lda, random_state
+    from zonos.speaker import SpeakerEmbedding
+
+    tiny.spk_clone_model = SpeakerEmbedding.from_state_dicts(random_state(TINY), random_lda(TINY), config=TINY)
+    try:
+        speaker = tiny.make_speaker_embedding(_speech_like(1.0, 24000), 24000)
+        assert speaker.shape == (1, 1, 128) and speaker.dtype == torch.bfloat16
+        cond = make_cond_dict(text="Hello there.", speaker=speaker, device="cpu")
+        with_speaker = tiny.prepare_conditioning(cond)
+        without = tiny.prepare_conditioning(make_cond_dict(text="Hello there.", device="cpu"))
+        assert with_speaker.shape == without.shape and not torch.equal(with_speaker[0], without[0])
+        torch.testing.assert_close(with_speaker[1], without[1])  # the unconditional half ignores the speaker
+        assert tiny.generate(with_speaker, max_new_tokens=8, progress_bar=False).shape[:2] == (1, 9)
+    finally:
+        tiny.spk_clone_model = None

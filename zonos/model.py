@@ -54,6 +54,7 @@ class Zonos(nn.Module):
         self._autoencoder = autoencoder
         self._state: InferenceState | None = None
         self._stream_decoder: StreamingDACDecoder | None = None
+        self.spk_clone_model = None  # the speaker embedding model, loaded on first use (upstream's name)
 
     # ----------------------------------------------------------------------------------------- loading
 
@@ -155,6 +156,15 @@ class Zonos(nn.Module):
         self._autoencoder = value
 
     # ------------------------------------------------------------------------------------ conditioning
+
+    def make_speaker_embedding(self, wav: torch.Tensor, sr: int) -> torch.Tensor:
+        """A (1, 1, 128) bf16 speaker embedding of a voice clip (wav (samples,) or (channels, samples) at ``sr``)
+        for ``make_cond_dict(speaker=...)``. Loads ``Zyphra/Zonos-v0.1-speaker-embedding`` on first use."""
+        if self.spk_clone_model is None:
+            from zonos.speaker import SpeakerEmbedding
+
+            self.spk_clone_model = SpeakerEmbedding.from_pretrained(device=self.device)
+        return self.spk_clone_model.embed(wav, sr)
 
     def prepare_conditioning(self, cond_dict: dict, uncond_dict: dict | None = None) -> torch.Tensor:
         """Conditional prefix stacked over the unconditional one along the batch: (2B, L, d).

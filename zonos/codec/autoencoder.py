@@ -18,6 +18,7 @@ from torch import Tensor
 
 from zonos.audio import resample
 from zonos.codec.dac import DAC, DACConfig, convert_descript_state_dict, load_state_dict_strict
+from zonos.hub import CheckpointNotAvailableError, resolve_file
 
 __all__ = ["DACAutoencoder", "CodecNotAvailableError", "DEFAULT_REPO_ID", "decode_precision", "validate_codes"]
 
@@ -26,8 +27,8 @@ _CONFIG_NAME = "config.json"
 _WEIGHTS_NAME = "model.safetensors"
 
 
-class CodecNotAvailableError(OSError):
-    """The codec's files could not be found locally nor downloaded."""
+# The codec's name for a checkpoint that cannot be found (kept for callers that catch it).
+CodecNotAvailableError = CheckpointNotAvailableError
 
 
 @contextlib.contextmanager
@@ -108,26 +109,8 @@ class DACAutoencoder:
         cache_dir: str | Path | None = None,
     ) -> DACAutoencoder:
         """Load from the Hugging Face Hub (or its local cache); a local directory path also works."""
-        if Path(repo_id).is_dir():
-            return cls.from_local(repo_id, device=device)
-        from huggingface_hub import hf_hub_download
-        from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, OfflineModeIsEnabled
-
-        try:
-            config_path, weights_path = (
-                Path(hf_hub_download(repo_id, name, revision=revision, cache_dir=cache_dir))
-                for name in (_CONFIG_NAME, _WEIGHTS_NAME)
-            )
-        except (LocalEntryNotFoundError, OfflineModeIsEnabled, HfHubHTTPError, OSError) as e:
-            raise CodecNotAvailableError(
-                f"could not get the DAC codec {repo_id!r} (revision {revision or 'main'}) from the "
-                f"Hugging Face Hub or its cache{f' at {cache_dir}' if cache_dir else ''}: {e}\n"
-                f"To fix: on a machine with internet access run `hf download {repo_id}` (older "
-                "huggingface_hub: `huggingface-cli download`) and copy the cache over or point HF_HOME / "
-                "cache_dir at it; or unset HF_HUB_OFFLINE if you are online; or download with "
-                f"`--local-dir DIR` and pass DIR (holding {_CONFIG_NAME} and {_WEIGHTS_NAME}) to "
-                "DACAutoencoder.from_local(DIR) or from_pretrained(DIR)."
-            ) from e
+        config_path = resolve_file(repo_id, _CONFIG_NAME, revision, cache_dir)
+        weights_path = resolve_file(repo_id, _WEIGHTS_NAME, revision, cache_dir)
         return cls._from_files(config_path, weights_path, device)
 
     @classmethod

@@ -1,0 +1,258 @@
+"""Speaker embeddings for Zonos voice cloning: a waveform -> the 128-d LDA embedding ``[1, 1, 128]`` (bf16).
+
+The weights are the two files of the Hub repo ``Zyphra/Zonos-v0.1-speaker-embedding``: the
+ResNet293-SimAM-ASP network (``ResNet293_SimAM_ASP_base.pt``, 256-d output) and the LDA projection to
+128 dims (``ResNet293_SimAM_ASP_base_LDA-128.pt``).  Both are torch-pickled state dicts; they are read
+with ``weights_only=True`` and loaded strictly.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+import numpy as np
+import torch
+import torch.nn as nn
+from torch import Tensor
+
+from zonos.audio import resample
+from zonos.hub import resolve_file
+from zonos.speaker.features import SAMPLE_RATE, LogMelFeatures
+from zonos.speaker.network import ResNetSimAMASP, SpeakerNetConfig
+
+__all__ = [
+    "DEFAULT_REPO",
+    "NETWORK_FILE",
+    "LDA_FILE",
+    "MIN_SECONDS",
+    "SpeakerCheckpointError",
+    "SpeakerEmbedding",
+    "load_state_dict_strict",
+]
+
+DEFAULT_REPO = "Zyphra/Zonos-v0.1-speaker-embedding"
+NETWORK_FILE = "ResNet293_SimAM_ASP_base.pt"
+LDA_FILE = "ResNet293_SimAM_ASP_base_LDA-128.pt"
+MIN_SECONDS = 0.5  # shorter clips carry too little speech for a usable voice embedding
+SILENCE_RMS = 1e-6  # below this the log-mel features are just the 1e-6 floor: nothing to embed
+_MAX_LISTED = 10  # names shown per category in a checkpoint mismatch error
+
+
+class SpeakerCheckpointError(ValueError):
+    """A speaker-embedding checkpoint is unreadable or its tensors do not fit the network."""
+
+
+def load_state_dict_strict(module: nn.Module, state_dict: object, source: str) -> None:
+    """Strictly load ``state_dict`` into ``module`` (assigning its tensors, so ``module`` may be on meta).
+
+    Raises :class:`SpeakerCheckpointError` listing every missing, unexpected and mis-shaped tensor.
+    BatchNorm ``num_batches_tracked`` counters absent from the file are filled with 0: they only matter
+    for training, and torch itself accepts their absence in old-format state dicts.
+    """
+    if not isinstance(state_dict, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, Tensor) for k, v in state_dict.items()
+    ):
+        raise SpeakerCheckpointError(f"{source} does not hold a state dict of named tensors")
+    expected = module.state_dict()
+    given = dict(state_dict)
+    for name in expected:
+        if name.endswith("num_batches_tracked") and name not in given:
+            given[name] = torch.zeros((), dtype=torch.long)
+    missing = sorted(set(expected) - set(given))
+    unexpected = sorted(set(given) - set(expected))
+    misshaped = sorted(
+        f"{k}: checkpoint {tuple(given[k].shape)} vs model {tuple(expected[k].shape)}"
+        for k in set(expected) & set(given)
+        if given[k].shape != expected[k].shape
+    )
+    if missing or unexpected or misshaped:
+        lines = []
+        for label, names in (("missing", missing), ("unexpected", unexpected), ("mis-shaped", misshaped)):
+            lines += [f"  {label}: {n}" for n in names[:_MAX_LISTED]]
+            if len(names) > _MAX_LISTED:
+                lines.append(f"  ... and {len(names) - _MAX_LISTED} more {label}")
+        raise SpeakerCheckpointError(
+            f"{source} does not fit the speaker network ({len(missing)} missing, {len(unexpected)} unexpected, "
+            f"{len(misshaped)} mis-shaped tensors). Is it the Zonos speaker-embedding checkpoint "
+            f"({NETWORK_FILE} / {LDA_FILE}) and does the config match?\n" + "\n".join(lines)
+        )
+    module.load_state_dict(given, strict=True, assign=True)
+
+
+def _torch_load(path: str | os.PathLike, mmap: bool) -> object:
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"speaker-embedding checkpoint not found: {path}")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+    except Exception as e:  # unpickling, zip and mmap errors come as several types
+        if mmap:  # mmap needs the zip format; older files still load without it
+            try:
+                return torch.load(path, map_location="cpu", weights_only=True)
+            except Exception:
+                pass
+        raise SpeakerCheckpointError(f"could not read {path} as a torch state dict: {e}") from e
+
+
+def _check_waveform(wav: Tensor | np.ndarray, sr: int) -> tuple[Tensor, int]:
+    """Validate one clip; return it as ``[channels, samples]`` and ``sr`` as an int."""
+    if isinstance(wav, np.ndarray):
+        wav = torch.from_numpy(wav)
+    if not isinstance(wav, Tensor):
+        raise TypeError(f"wav must be a torch.Tensor or numpy array, got {type(wav).__name__}")
+    if isinstance(sr, bool) or not isinstance(sr, (int, float, np.integer, np.floating)) or sr <= 0 or sr != int(sr):
+        raise ValueError(f"sample rate must be a positive whole number of Hz, got {sr!r}")
+    sr = int(sr)
+    if wav.dim() not in (1, 2):
+        raise ValueError(
+            f"expected one clip as [samples] or [channels, samples], got shape {tuple(wav.shape)}; "
+            "embed clips one at a time"
+        )
+    if not torch.is_floating_point(wav):
+        raise ValueError(
+            f"wav must be floating point with samples in [-1, 1], got {wav.dtype}; "
+            "e.g. convert int16 PCM with wav.float() / 32768"
+        )
+    wav = wav if wav.dim() == 2 else wav[None]
+    if wav.numel() == 0:
+        raise ValueError(f"the clip is empty (shape {tuple(wav.shape)}); pass a recording of the speaker's voice")
+    if wav.shape[0] > wav.shape[1]:
+        raise ValueError(
+            f"got shape {tuple(wav.shape)}, which looks like [samples, channels]; pass [channels, samples] "
+            "(transpose it, e.g. wav.T)"
+        )
+    seconds = wav.shape[1] / sr
+    if seconds < MIN_SECONDS:
+        raise ValueError(
+            f"the clip is too short: {wav.shape[1]} samples at {sr} Hz = {seconds:.3f} s; the speaker "
+            f"embedding needs at least {MIN_SECONDS} s ({int(np.ceil(MIN_SECONDS * sr))} samples), and "
+            "several seconds of clean speech work best"
+        )
+    if not bool(torch.isfinite(wav).all()):
+        raise ValueError("the clip contains NaN or infinite samples")
+    return wav, sr
+
+
+class SpeakerEmbedding(nn.Module):
+    """Waveform -> Zonos speaker embedding, the one entry point being :meth:`embed`.
+
+    Holds the log-mel front end (``features``), the ResNet293-SimAM-ASP network (``network``) and the
+    LDA projection (``lda``).  Weights stay float32 (as upstream loads them); frozen, in eval mode.
+    """
+
+    def __init__(self, network: ResNetSimAMASP, lda: nn.Linear) -> None:
+        super().__init__()
+        if lda.in_features != network.config.embed_dim:
+            raise ValueError(f"LDA takes {lda.in_features} dims but the network gives {network.config.embed_dim}")
+        self.features = LogMelFeatures(n_mels=network.config.n_mels)
+        self.network = network
+        self.lda = lda
+        self.requires_grad_(False).eval()
+
+    # ----------------------------------------------------------------------------------------- loading
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        repo_id: str | os.PathLike = DEFAULT_REPO,
+        revision: str | None = None,
+        device: str | torch.device = "cpu",
+        cache_dir: str | None = None,
+        config: SpeakerNetConfig | None = None,
+    ) -> SpeakerEmbedding:
+        """Load both checkpoint files from a Hub repo (default ``Zyphra/Zonos-v0.1-speaker-embedding``)
+        or a local directory holding them; ``config`` as in :meth:`from_local`.
+
+        Offline with nothing cached, raises ``FileNotFoundError`` saying how to fetch the files.
+        """
+        network_path = resolve_file(repo_id, NETWORK_FILE, revision, cache_dir)
+        lda_path = resolve_file(repo_id, LDA_FILE, revision, cache_dir)
+        return cls.from_local(network_path, lda_path, device=device, config=config)
+
+    @classmethod
+    def from_local(
+        cls,
+        network_path: str | os.PathLike,
+        lda_path: str | os.PathLike,
+        device: str | torch.device = "cpu",
+        config: SpeakerNetConfig | None = None,
+    ) -> SpeakerEmbedding:
+        """Load from the two ``.pt`` files (network state dict, LDA ``{weight, bias}``).
+
+        ``config`` defaults to the published sizes; the load is strict against it (see
+        :func:`load_state_dict_strict`).  The network file is memory-mapped, as upstream does.
+        """
+        network_sd = _torch_load(network_path, mmap=True)
+        lda_sd = _torch_load(lda_path, mmap=False)
+        return cls.from_state_dicts(
+            network_sd, lda_sd, device=device, config=config, sources=(os.fspath(network_path), os.fspath(lda_path))
+        )
+
+    @classmethod
+    def from_state_dicts(
+        cls,
+        network_state_dict: Mapping[str, Tensor],
+        lda_state_dict: Mapping[str, Tensor],
+        device: str | torch.device = "cpu",
+        config: SpeakerNetConfig | None = None,
+        sources: tuple[str, str] = ("network state dict", "LDA state dict"),
+    ) -> SpeakerEmbedding:
+        """Build from in-memory state dicts (strict); parameters end up float32 on ``device``."""
+        config = config or SpeakerNetConfig()
+        # Built on meta and filled by assignment, so the 99M parameters are never randomly initialised.
+        with torch.device("meta"):
+            network = ResNetSimAMASP(config)
+            lda = nn.Linear(config.embed_dim, config.lda_dim)
+        load_state_dict_strict(network, network_state_dict, sources[0])
+        load_state_dict_strict(lda, lda_state_dict, sources[1])
+        # Module.to casts floating tensors only, so the BatchNorm counters stay int64.
+        return cls(network, lda).to(device=device, dtype=torch.float32)
+
+    # --------------------------------------------------------------------------------------- inference
+
+    @property
+    def device(self) -> torch.device:
+        return self.lda.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The network's parameter dtype (float32 unless changed)."""
+        return self.network.bottleneck.weight.dtype
+
+    def prepare(self, wav: Tensor | np.ndarray, sr: int) -> Tensor:
+        """Validate one clip and return it as mono 16 kHz float32 ``[1, N]`` on the model's device.
+
+        Channels are averaged; resampling uses :func:`zonos.audio.resample` (torchaudio's default
+        windowed-sinc), as upstream resamples with ``torchaudio.transforms.Resample``.
+        """
+        wav, sr = _check_waveform(wav, sr)
+        mono = wav.to(self.device, torch.float32).mean(dim=0, keepdim=True)
+        rms = float(mono.double().square().mean().sqrt())
+        if rms < SILENCE_RMS:
+            raise ValueError(
+                f"the clip is silent (RMS {rms:.2e}); pass a recording of the speaker's voice "
+                "(check that the file was read correctly and is not all zeros)"
+            )
+        return resample(mono, sr, SAMPLE_RATE)
+
+    def forward(self, wav16k: Tensor) -> tuple[Tensor, Tensor]:
+        """Mono 16 kHz waveform ``[B, N]`` -> (raw network embedding ``[B, 256]``, LDA embedding ``[B, 128]``),
+        both float32.  No input checks: use :meth:`embed` for user audio."""
+        feats = self.features(wav16k).to(self.dtype)
+        raw = self.network(feats).float()
+        return raw, self.lda(raw.to(self.lda.weight.dtype)).float()
+
+    # no_grad rather than inference_mode: callers may use the result in ordinary (non-inference) code.
+    @torch.no_grad()
+    def embed(self, wav: Tensor | np.ndarray, sr: int) -> Tensor:
+        """The Zonos speaker embedding of one clip: ``[1, 1, 128]`` bfloat16 on the model's device.
+
+        ``wav`` is ``[samples]`` or ``[channels, samples]`` (channels are averaged), floating point in
+        [-1, 1], at any sample rate ``sr``; at least 0.5 s long and not silent, else ``ValueError``.
+        As upstream ``Zonos.make_speaker_embedding`` does, this is the LDA output (not the raw 256-d
+        embedding), given a leading ``[1, 1]`` shape and cast to bfloat16; it is what
+        ``make_cond_dict(speaker=...)`` expects.
+        """
+        _, projected = self.forward(self.prepare(wav, sr))
+        return projected.unsqueeze(0).to(torch.bfloat16)

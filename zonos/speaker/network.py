@@ -1,0 +1,148 @@
+"""ResNet293 with SimAM attention and attentive statistics pooling: log-mel features -> 256-d embedding.
+
+Module names follow the published checkpoint ``ResNet293_SimAM_ASP_base.pt``: ``front.*`` (the
+ResNet trunk), ``pooling.attention.{0,2,3}.*`` and ``bottleneck.*``.  Sizes are configurable so tests
+can build a tiny copy; :class:`SpeakerNetConfig`'s defaults are the published model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch import Tensor
+
+__all__ = ["SpeakerNetConfig", "simam", "SimAMBasicBlock", "ResNetTrunk", "AttentiveStatsPool", "ResNetSimAMASP"]
+
+
+@dataclass(frozen=True)
+class SpeakerNetConfig:
+    """Sizes of the speaker network and its LDA projection (defaults: the published Zonos model).
+
+    ``in_planes`` is the stem width; stage ``i`` has ``in_planes * 2**i`` channels and ``num_blocks[i]``
+    blocks.  ``n_mels`` must be divisible by 8 (three stride-2 stages halve the mel axis).
+    """
+
+    in_planes: int = 64
+    num_blocks: tuple[int, int, int, int] = (10, 20, 64, 3)
+    n_mels: int = 80
+    attention_dim: int = 128
+    embed_dim: int = 256
+    lda_dim: int = 128
+
+    def __post_init__(self) -> None:
+        if self.n_mels % 8:
+            raise ValueError(f"n_mels must be divisible by 8, got {self.n_mels}")
+        if len(self.num_blocks) != 4 or min(self.num_blocks) < 1:
+            raise ValueError(f"num_blocks needs 4 positive block counts, got {self.num_blocks}")
+
+    @property
+    def pooled_channels(self) -> int:
+        """Rows fed to the pooling: last-stage channels times the remaining mel rows."""
+        return self.in_planes * 8 * (self.n_mels // 8)
+
+
+def simam(x: Tensor, lam: float = 1e-4) -> Tensor:
+    """Parameter-free SimAM attention over each channel's ``H x W`` map of ``x [B, C, H, W]``.
+
+    Each activation is weighted by ``sigmoid(d / (4 (v + lam)) + 0.5)``, where ``d`` is its squared
+    deviation from the map's mean and ``v`` the map's unbiased variance: distinctive units get more weight.
+    """
+    d = (x - x.mean(dim=(2, 3), keepdim=True)).square()
+    v = d.sum(dim=(2, 3), keepdim=True) / (x.shape[2] * x.shape[3] - 1)
+    return x * torch.sigmoid(d / (4 * (v + lam)) + 0.5)
+
+
+class SimAMBasicBlock(nn.Module):
+    """Two 3x3 conv + BN layers, SimAM, then a residual add and ReLU.
+
+    The shortcut is a 1x1 conv + BN (``downsample.0`` / ``downsample.1``) when the stride or the width
+    changes, the identity otherwise.
+    """
+
+    def __init__(self, in_channels: int, channels: int, stride: int = 1) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(in_channels, channels, 3, stride=stride, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(channels)
+        self.conv2 = nn.Conv2d(channels, channels, 3, stride=1, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(channels)
+        self.downsample: nn.Module = nn.Identity()
+        if stride != 1 or in_channels != channels:
+            self.downsample = nn.Sequential(
+                nn.Conv2d(in_channels, channels, 1, stride=stride, bias=False),
+                nn.BatchNorm2d(channels),
+            )
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = F.relu(self.bn1(self.conv1(x)))
+        h = simam(self.bn2(self.conv2(h)))
+        return F.relu(h + self.downsample(x))
+
+
+class ResNetTrunk(nn.Module):
+    """Stem (3x3 conv, BN, ReLU) and four stages.
+
+    ``[B, 1, n_mels, T] -> [B, 8 * in_planes, n_mels / 8, ceil(T / 8)]``; stages 2-4 halve both axes.
+    """
+
+    def __init__(self, in_planes: int, num_blocks: tuple[int, int, int, int]) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, in_planes, 3, stride=1, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(in_planes)
+        channels = in_planes
+        for i, (blocks, stride) in enumerate(zip(num_blocks, (1, 2, 2, 2))):
+            width = in_planes * 2**i
+            layer = [SimAMBasicBlock(channels, width, stride)]
+            layer += [SimAMBasicBlock(width, width) for _ in range(blocks - 1)]
+            self.add_module(f"layer{i + 1}", nn.Sequential(*layer))
+            channels = width
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = F.relu(self.bn1(self.conv1(x)))
+        return self.layer4(self.layer3(self.layer2(self.layer1(x))))
+
+
+class AttentiveStatsPool(nn.Module):
+    """Attention-weighted mean and standard deviation over time: ``[B, C, T] -> [B, 2C]``.
+
+    The attention (``attention.0`` conv, ReLU, ``attention.2`` BN, ``attention.3`` conv, softmax over
+    time) gives every row its own weights over frames.
+    """
+
+    def __init__(self, channels: int, attention_dim: int = 128) -> None:
+        super().__init__()
+        self.attention = nn.Sequential(
+            nn.Conv1d(channels, attention_dim, kernel_size=1),
+            nn.ReLU(),
+            nn.BatchNorm1d(attention_dim),
+            nn.Conv1d(attention_dim, channels, kernel_size=1),
+            nn.Softmax(dim=2),
+        )
+
+    def forward(self, x: Tensor) -> Tensor:
+        w = self.attention(x)
+        mu = (x * w).sum(dim=2)
+        # Clamp the variance: rounding can make E[x^2] - mu^2 slightly negative.
+        sigma = ((x.square() * w).sum(dim=2) - mu.square()).clamp(min=1e-5).sqrt()
+        return torch.cat([mu, sigma], dim=1)
+
+
+class ResNetSimAMASP(nn.Module):
+    """The speaker network: features ``[B, n_mels, T]`` -> raw embedding ``[B, embed_dim]``.
+
+    ``state_dict()`` has exactly the keys of ``ResNet293_SimAM_ASP_base.pt`` for the default config.
+    """
+
+    def __init__(self, config: SpeakerNetConfig | None = None) -> None:
+        super().__init__()
+        self.config = config = config or SpeakerNetConfig()
+        self.front = ResNetTrunk(config.in_planes, config.num_blocks)
+        self.pooling = AttentiveStatsPool(config.pooled_channels, config.attention_dim)
+        self.bottleneck = nn.Linear(2 * config.pooled_channels, config.embed_dim)
+
+    def forward(self, feats: Tensor) -> Tensor:
+        x = self.front(feats.unsqueeze(1))  # mel bins are the image height, frames its width
+        x = x.flatten(1, 2)  # [B, C * H, T']: row index = channel * H + mel row
+        return self.bottleneck(self.pooling(x))

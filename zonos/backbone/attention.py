@@ -61,9 +61,7 @@ class Attention(nn.Module):
         k = k.view(b, l, self.num_heads_kv, self.head_dim)
         v = v.view(b, l, self.num_heads_kv, self.head_dim)
         if self.rotary_dim:
-            cos, sin = ops.rotary_cos_sin(positions, self.rotary_dim, self.rotary_base, u.dtype)
-            q = ops.apply_rotary(q, cos, sin, self.interleaved)
-            k = ops.apply_rotary(k, cos, sin, self.interleaved)
+            q, k = ops.rotary_qk(q, k, positions, self.rotary_dim, self.rotary_base, self.interleaved)
         return q, k, v
 
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | bool) -> torch.Tensor:
@@ -97,8 +95,8 @@ class Attention(nn.Module):
         q, k, v = self._qkv(u, position.view(1))
         cache.k.index_copy_(1, position.view(1), k)
         cache.v.index_copy_(1, position.view(1), v)
-        mask = torch.arange(cache.k.shape[1], device=u.device) <= position
-        return self._attend(q, cache.k, cache.v, mask[None, :])
+        o = ops.decode_attention(q, cache.k, cache.v, position)
+        return self.out_proj(o.reshape(u.shape[0], 1, self.num_heads * self.head_dim))
 
 
 class GatedMLP(nn.Module):

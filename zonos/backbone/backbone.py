@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
+from zonos import ops
 from zonos.backbone.attention import Attention, GatedMLP, KVCache
 from zonos.backbone.mamba2 import Mamba2Cache, Mamba2Mixer
 from zonos.config import BackboneConfig
@@ -32,21 +32,26 @@ class Block(nn.Module):
     def _mlp(self, hidden: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if self.mlp is None:
             return hidden, residual
-        residual = hidden + residual
-        return self.mlp(self.norm2(residual)), residual
+        normed, residual = _add_norm(hidden, residual, self.norm2)
+        return self.mlp(normed), residual
 
     def forward(self, hidden, residual, cache, start: int):
-        residual = hidden if residual is None else hidden + residual
-        hidden = self.mixer(self.norm(residual), cache, start)
+        normed, residual = _add_norm(hidden, residual, self.norm)
+        hidden = self.mixer(normed, cache, start)
         return self._mlp(hidden, residual)
 
     def step(self, hidden, residual, cache, position: torch.Tensor):
-        residual = hidden if residual is None else hidden + residual
+        normed, residual = _add_norm(hidden, residual, self.norm)
         if isinstance(self.mixer, Attention):
-            hidden = self.mixer.step(self.norm(residual), cache, position)
+            hidden = self.mixer.step(normed, cache, position)
         else:
-            hidden = self.mixer.step(self.norm(residual), cache)
+            hidden = self.mixer.step(normed, cache)
         return self._mlp(hidden, residual)
+
+
+def _add_norm(hidden, residual, norm: nn.LayerNorm) -> tuple[torch.Tensor, torch.Tensor]:
+    """residual ← hidden + residual, then ``norm`` of it (one op, so a fused kernel can serve it)."""
+    return ops.add_layer_norm(hidden, residual, norm.weight, norm.bias, norm.eps)
 
 
 class InferenceState:
@@ -128,9 +133,7 @@ class ZonosBackbone(nn.Module):
             )
 
     def _final(self, hidden: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        return F.layer_norm(
-            hidden + residual, self.norm_f.normalized_shape, self.norm_f.weight, self.norm_f.bias, self.norm_f.eps
-        )
+        return _add_norm(hidden, residual, self.norm_f)[0]
 
     def forward(self, hidden: torch.Tensor, state: InferenceState) -> torch.Tensor:
         """Prefill: (b, l, d) embeddings that follow the ``state.seqlen`` tokens already consumed → (b, l, d)."""

@@ -116,9 +116,12 @@ class Mamba2Mixer(nn.Module):
         y = ops.ssd_step(
             cache.ssm,
             x.reshape(b, self.nheads, self.headdim),
-            *self._dt_A(dt),
+            dt,  # softplus(dt + dt_bias) inside the op, as _dt_A computes it for prefill
+            -torch.exp(self.A_log.to(ops.compute_dtype(dt.dtype))),
             B.reshape(b, self.ngroups, self.d_state),
             C.reshape(b, self.ngroups, self.d_state),
             D=self.D,
+            dt_bias=self.dt_bias,
+            dt_softplus=True,
         )
         return self._out(y.reshape(b, 1, self.d_inner), z[:, None])

@@ -4,19 +4,23 @@ Each function here is the specification a fast path (Triton, CuTeDSL) must equal
 fast paths against these on fresh random inputs.
 """
 
+from zonos.ops.attention import decode_attention
 from zonos.ops.conv import causal_conv1d, conv_step
-from zonos.ops.norms import gated_rms_norm
+from zonos.ops.norms import add_layer_norm, gated_rms_norm
 from zonos.ops.precision import compute_dtype
-from zonos.ops.rotary import apply_rotary, rotary_cos_sin
+from zonos.ops.rotary import apply_rotary, rotary_cos_sin, rotary_qk
 from zonos.ops.ssd import ssd_scan, ssd_step
 
 __all__ = [
+    "add_layer_norm",
     "apply_rotary",
     "causal_conv1d",
     "compute_dtype",
     "conv_step",
+    "decode_attention",
     "gated_rms_norm",
     "rotary_cos_sin",
+    "rotary_qk",
     "ssd_scan",
     "ssd_step",
 ]

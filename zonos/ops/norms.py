@@ -20,3 +20,13 @@ def gated_rms_norm(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: 
     h = h.reshape(*shape[:-1], shape[-1] // group_size, group_size)
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
     return (h.reshape(shape) * weight.to(cdt)).to(x.dtype)
+
+
+def add_layer_norm(
+    hidden: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, bias: torch.Tensor | None, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The pre-norm block entry: residual ← hidden + residual (hidden alone when residual is None), then
+    LayerNorm over the last dimension. Returns (normalized, residual); the sum is rounded to the
+    activation dtype before it is normalized, as two separate torch ops would do."""
+    residual = hidden if residual is None else hidden + residual
+    return F.layer_norm(residual, residual.shape[-1:], weight, bias, eps), residual

@@ -36,3 +36,12 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interlea
         x1, x2 = rot[..., :r], rot[..., r:]
         out = torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
     return torch.cat([out.to(x.dtype), rest], dim=-1)
+
+
+def rotary_qk(
+    q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, rotary_dim: int, base: float, interleaved: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotate queries (b, l, hq, d) and keys (b, l, hk, d) at integer ``positions`` (l,), with cos/sin
+    rounded to the activation dtype as :func:`rotary_cos_sin` does."""
+    cos, sin = rotary_cos_sin(positions, rotary_dim, base, q.dtype)
+    return apply_rotary(q, cos, sin, interleaved), apply_rotary(k, cos, sin, interleaved)

@@ -109,10 +109,13 @@ def ssd_step(
     B: torch.Tensor,
     C: torch.Tensor,
     D: torch.Tensor | None = None,
+    dt_bias: torch.Tensor | None = None,
+    dt_softplus: bool = False,
 ) -> torch.Tensor:
     """One token of the recurrence; updates ``state`` (b, h, p, n) in place and returns y (b, h, p).
 
-    Args: x (b, h, p), dt (b, h) positive, A (h,), B and C (b, g, n), D (h,) or None.
+    Args: x (b, h, p), dt (b, h), A (h,), B and C (b, g, n), D (h,) or None. The step size is
+    ``softplus(dt + dt_bias)`` with ``dt_softplus`` (the mixer's raw projection), else dt (already positive).
     Computes in float32 (float64 for float64 state) and stores the state back in its own dtype.
     """
     h = x.shape[1]
@@ -120,6 +123,10 @@ def ssd_step(
     Bh = B.repeat_interleave(h // B.shape[1], dim=1).to(cdt)  # (b, h, n)
     Ch = C.repeat_interleave(h // C.shape[1], dim=1).to(cdt)
     dt = dt.to(cdt)
+    if dt_bias is not None:
+        dt = dt + dt_bias.to(cdt)
+    if dt_softplus:
+        dt = F.softplus(dt)
     xs = x.to(cdt)
     new = state.to(cdt) * torch.exp(dt * A.to(cdt))[..., None, None] + (dt[..., None] * xs)[..., None] * Bh[:, :, None]
     state.copy_(new)

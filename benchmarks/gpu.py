@@ -1,0 +1,70 @@
+"""GPU measurement helpers for the decode benchmarks: the real-size model they time, the read-bandwidth
+ceiling, CUDA-event timing, the op backend switch, and the environment line each report starts with."""
+
+from __future__ import annotations
+
+import datetime
+import statistics
+
+import torch
+from common import random_model, suppress_eos, table
+
+FRAME_MS = 11.61  # one frame of audio: 512 samples at 44.1 kHz
+
+
+def real_size_model(max_seqlen: int = 4096):
+    """Zonos-v0.1-hybrid in bf16 on CUDA with random weights, EOS suppressed so every run lasts its length."""
+    torch.manual_seed(0)
+    model = random_model("hybrid", max_seqlen=max_seqlen)
+    suppress_eos(model)
+    return model
+
+
+def event_times(fn, repeat: int, warmup: int = 3) -> list[float]:
+    """GPU milliseconds of each of ``repeat`` calls of ``fn`` (CUDA events, no host sync between calls)."""
+    for _ in range(warmup):
+        fn()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(repeat)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(repeat)]
+    for s, e in zip(starts, ends):
+        s.record()
+        fn()
+        e.record()
+    torch.cuda.synchronize()
+    return [s.elapsed_time(e) for s, e in zip(starts, ends)]
+
+
+def read_bandwidth_gbs(gib: int = 4) -> float:
+    """Device read bandwidth from a sum over ``gib`` GiB of bf16 (median of 10)."""
+    x = torch.empty(gib * 2**29, device="cuda", dtype=torch.bfloat16).normal_()
+    ms = event_times(x.sum, repeat=10, warmup=2)
+    return x.numel() * 2 / (statistics.median(ms) * 1e-3) / 1e9
+
+
+def set_ops(kind: str) -> None:
+    """``torch``: the reference ops; ``triton``: every Triton fast path (mamba_ssm's and ours)."""
+    from zonos_accel.triton import disable_triton_ops, enable_triton_ops
+
+    disable_triton_ops()
+    if kind == "triton":
+        enable_triton_ops()
+
+
+def environment() -> str:
+    import triton
+
+    try:
+        import mamba_ssm
+
+        mamba = mamba_ssm.__version__
+    except ImportError:
+        mamba = "absent"
+    return (
+        f"{torch.cuda.get_device_name()} | torch {torch.__version__} (CUDA {torch.version.cuda}) | "
+        f"triton {triton.__version__} | mamba_ssm {mamba} | {datetime.date.today()}"
+    )
+
+
+def report(title: str, header: list[str], rows: list[list]) -> str:
+    """A Markdown table of rows (values formatted by the caller) under ``title``."""
+    return table([dict(zip(header, r)) for r in rows], title) + "\n"

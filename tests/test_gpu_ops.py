@@ -1,0 +1,158 @@
+"""Each Triton fast path equals its torch reference in :mod:`zonos.ops` on the GPU: fresh random inputs at
+Zonos-v0.1-hybrid shapes and at ragged ones, compared with the reference evaluated in float64."""
+
+import pytest
+import torch
+
+from zonos import ops
+
+
+def gpu(test):
+    return pytest.mark.gpu(pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")(test))
+
+
+def _fast(name):
+    from zonos_accel.triton import fast_op
+
+    return fast_op(name)
+
+
+def _rel(out, ref):
+    assert torch.isfinite(out).all()
+    return ((out.double() - ref.double()).norm() / ref.double().norm()).item()
+
+
+def _tol(dtype):
+    return 1e-5 if dtype == torch.float32 else 1e-2
+
+
+def _randn(*shape, dtype=torch.bfloat16, scale=1.0):
+    return (scale * torch.randn(*shape, device="cuda")).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("b,c,k", [(2, 4352, 4), (1, 4352, 4), (3, 100, 4), (2, 37, 3)])
+@gpu
+def test_conv_step(dtype, b, c, k):
+    state = _randn(b, c, k, dtype=dtype)
+    x = _randn(b, c + 64, dtype=dtype)[:, 5 : 5 + c]  # a strided view, as the mixer passes it
+    w, bias = _randn(c, 1, k, dtype=dtype), _randn(c, dtype=dtype)
+    ref_state = state.double()
+    ref = ops.conv_step(ref_state, x.double(), w.double(), bias.double())
+    out = _fast("conv_step")(state, x, w, bias)
+    assert out.dtype == dtype and out.shape == (b, c)
+    assert _rel(out, ref) < _tol(dtype)
+    assert torch.equal(state.double(), ref_state)  # the shifted state holds stored values, no arithmetic
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize(
+    "b,hq,hkv,d,max_seqlen,position",
+    [(2, 16, 4, 128, 4096, 0), (2, 16, 4, 128, 4096, 130), (1, 16, 4, 128, 4096, 4095), (2, 4, 2, 16, 250, 77)],
+)
+@gpu
+def test_decode_attention(dtype, b, hq, hkv, d, max_seqlen, position):
+    q = _randn(b, 1, hq, d, dtype=dtype)
+    k, v = _randn(b, max_seqlen, hkv, d, dtype=dtype), _randn(b, max_seqlen, hkv, d, dtype=dtype)
+    pos = torch.tensor(position, device="cuda")
+    ref = ops.decode_attention(q.double(), k.double(), v.double(), pos)
+    out = _fast("decode_attention")(q, k, v, pos)
+    assert out.dtype == dtype and out.shape == q.shape
+    assert _rel(out, ref) < _tol(dtype)
+
+
+@pytest.mark.parametrize("b,h,p,n,g", [(2, 64, 64, 128, 1), (1, 64, 64, 128, 1), (3, 8, 16, 16, 2)])
+@pytest.mark.parametrize("raw_dt", [False, True])
+@gpu
+def test_ssd_step(b, h, p, n, g, raw_dt):
+    state = _randn(b, h, p, n)
+    x = _randn(b, h * p + 32)[:, : h * p].reshape(b, h, p)
+    A = -torch.rand(h, device="cuda") * 8
+    B, C = _randn(b, g, n), _randn(b, g, n)
+    D = _randn(h)
+    if raw_dt:  # the mixer's projection: softplus(dt + dt_bias) inside the op
+        dt, extra = _randn(b, h + 5)[:, :h], {"dt_bias": _randn(h) - 3, "dt_softplus": True}
+    else:
+        dt, extra = torch.nn.functional.softplus(torch.randn(b, h, device="cuda") - 2), {}
+    ref_state = state.double()
+    ref_extra = {k: (v.double() if torch.is_tensor(v) else v) for k, v in extra.items()}
+    ref = ops.ssd_step(ref_state, x.double(), dt.double(), A.double(), B.double(), C.double(), D.double(), **ref_extra)
+    out = _fast("ssd_step")(state, x, dt, A, B, C, D, **extra)
+    assert out.shape == x.shape and out.dtype == x.dtype
+    assert _rel(out, ref) < 1e-2
+    assert _rel(state, ref_state) < 1e-2
+
+
+@pytest.mark.parametrize("rows,width,group", [(2, 4096, 4096), (3, 4096, 4096), (5, 256, 128)])
+@gpu
+def test_gated_rms_norm(rows, width, group):
+    zx = _randn(rows, 1, 2 * width + 8)
+    z, x = zx[..., :width], zx[..., width : 2 * width]  # strided views of one projection, as in the mixer
+    w = _randn(width)
+    ref = ops.gated_rms_norm(x.double(), z.double(), w.double(), 1e-5, group)
+    out = _fast("gated_rms_norm")(x, z, w, 1e-5, group)
+    assert out.shape == x.shape and out.dtype == x.dtype
+    assert _rel(out, ref) < 1e-2
+
+
+@pytest.mark.parametrize("length", [1, 100, 256, 300, 1000])
+@pytest.mark.parametrize("with_state", [False, True])
+@gpu
+def test_ssd_scan(length, with_state):
+    b, h, p, n, chunk = 2, 64, 64, 128, 256
+    x = _randn(b, length, h, p)
+    dt = torch.nn.functional.softplus(torch.randn(b, length, h, device="cuda") - 2)
+    A = -torch.rand(h, device="cuda") * 8
+    B, C = _randn(b, length, 1, n, scale=0.3), _randn(b, length, 1, n, scale=0.3)
+    D = _randn(h)
+    init = _randn(b, h, p, n) if with_state else None
+    ref_init = None if init is None else init.double()
+    x64 = (t.double() for t in (x, dt, A, B, C))
+    ref_y, ref_final = ops.ssd_scan(*x64, chunk, D=D.double(), initial_state=ref_init)
+    y, final = _fast("ssd_scan")(x, dt, A, B, C, chunk, D=D, initial_state=init)
+    assert y.shape == x.shape and y.dtype == x.dtype and final.dtype == torch.float32
+    assert _rel(y, ref_y) < 1e-2
+    assert _rel(final, ref_final) < 1e-2
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("shape,with_residual", [((2, 1, 2048), True), ((1, 1, 2048), False), ((2, 121, 2048), True)])
+@gpu
+def test_add_layer_norm(dtype, shape, with_residual):
+    hidden = _randn(*shape, dtype=dtype)
+    residual = _randn(*shape, dtype=dtype, scale=4.0) if with_residual else None
+    w, bias = _randn(shape[-1], dtype=dtype), _randn(shape[-1], dtype=dtype)
+    _, ref_sum = ops.add_layer_norm(hidden, residual, w, bias, 1e-5)  # the sum rounds in dtype here
+    ref64, _ = ops.add_layer_norm(ref_sum.double(), None, w.double(), bias.double(), 1e-5)
+    out, total = _fast("add_layer_norm")(hidden, residual, w, bias, 1e-5)
+    assert out.dtype == dtype and total.dtype == dtype and out.shape == shape
+    torch.testing.assert_close(total, ref_sum)
+    assert _rel(out, ref64) < _tol(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize(
+    "b,l,hq,hk,d,rotary_dim,interleaved,start",
+    [(2, 1, 16, 4, 128, 128, False, 4000), (2, 121, 16, 4, 128, 128, False, 0), (1, 3, 4, 2, 16, 8, True, 17)],
+)
+@gpu
+def test_rotary_qk(dtype, b, l, hq, hk, d, rotary_dim, interleaved, start):
+    qkv = _randn(b, l, hq + 2 * hk, d, dtype=dtype)
+    q, k = qkv[:, :, :hq], qkv[:, :, hq : hq + hk]  # strided views of the fused projection
+    positions = torch.arange(start, start + l, device="cuda")
+    ref_q, ref_k = ops.rotary_qk(q, k, positions, rotary_dim, 10000.0, interleaved)
+    out_q, out_k = _fast("rotary_qk")(q, k, positions, rotary_dim, 10000.0, interleaved)
+    assert out_q.shape == q.shape and out_q.dtype == dtype and out_k.shape == k.shape
+    assert _rel(out_q, ref_q) < _tol(dtype) and _rel(out_k, ref_k) < _tol(dtype)
+
+
+def test_missing_mamba_ssm_names_the_extra(monkeypatch):
+    import sys
+
+    from zonos_accel.triton import mamba
+
+    mamba.mamba_module.cache_clear()
+    monkeypatch.setitem(sys.modules, "mamba_ssm.ops.triton.selective_state_update", None)  # its import fails
+    with pytest.raises(ImportError, match=r"mamba_ssm.*zonos-accel\[gpu\]"):
+        mamba.mamba_module("selective_state_update")
+    mamba.mamba_module.cache_clear()

@@ -1,0 +1,78 @@
+"""Triton fast paths behind :mod:`zonos.ops` (the stock GPU path).
+
+``enable_triton_ops()`` rebinds the op names in :mod:`zonos.ops`, which the backbone looks up at call
+time, to fast versions; ``disable_triton_ops()`` restores the torch references. Tensors not on a CUDA
+device still run the reference, so a CPU model in the same process is unaffected.
+
+| op | fast path | source |
+|---|---|---|
+| ``ssd_step`` | ``selective_state_update`` | mamba_ssm (optional, ``zonos-accel[gpu]``) |
+| ``gated_rms_norm`` | fused gated RMSNorm | mamba_ssm |
+| ``ssd_scan`` | ``mamba_chunk_scan_combined`` | mamba_ssm |
+| ``conv_step`` | one kernel: shift, conv, bias, SiLU | ours (:mod:`.conv`) |
+| ``decode_attention`` | split-K GQA over rows ≤ position | ours (:mod:`.attention`) |
+| ``add_layer_norm`` | residual add + LayerNorm, one kernel | ours (:mod:`.norms`) |
+| ``rotary_qk`` | cos/sin in place, one launch per tensor | ours (:mod:`.rotary`) |
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+
+import torch
+
+import zonos.ops
+from zonos_accel.triton.mamba import INSTALL_HINT, mamba_module
+
+_SOURCES = {
+    "ssd_step": ("zonos_accel.triton.mamba", "selective_state_update"),
+    "gated_rms_norm": ("zonos_accel.triton.mamba", "layernorm_gated"),
+    "ssd_scan": ("zonos_accel.triton.mamba", "ssd_combined"),
+    "conv_step": ("zonos_accel.triton.conv", None),
+    "decode_attention": ("zonos_accel.triton.attention", None),
+    "add_layer_norm": ("zonos_accel.triton.norms", None),
+    "rotary_qk": ("zonos_accel.triton.rotary", None),
+}
+OPS = tuple(_SOURCES)
+_references = {name: getattr(zonos.ops, name) for name in OPS}
+
+
+def fast_op(name: str):
+    """The fast version of ``zonos.ops.<name>`` (raises ImportError naming what is missing)."""
+    module, mamba_part = _SOURCES[name]
+    try:
+        fast = getattr(importlib.import_module(module), name)
+    except ImportError as e:
+        raise ImportError(f"the Triton fast path of {name} needs triton ({e}); install it with {INSTALL_HINT}") from e
+    if mamba_part is not None:
+        mamba_module(mamba_part)  # fail now, not at the first call
+    return fast
+
+
+def _on_cuda(fast, reference):
+    @functools.wraps(reference)
+    def op(*args, **kwargs):
+        if args[0].is_cuda:
+            return fast(*args, **kwargs)
+        return reference(*args, **kwargs)
+
+    return op
+
+
+def enable_triton_ops(names: tuple[str, ...] = OPS) -> None:
+    """Route the named ops (default: all of :data:`OPS`) to their Triton fast paths."""
+    if not torch.cuda.is_available():
+        raise RuntimeError("the Triton fast paths need a CUDA device, and torch sees none")
+    unknown = set(names) - set(OPS)
+    if unknown:
+        raise ValueError(f"unknown op(s) {sorted(unknown)}; known: {list(OPS)}")
+    fast = {name: fast_op(name) for name in names}
+    for name, f in fast.items():
+        setattr(zonos.ops, name, _on_cuda(f, _references[name]))
+
+
+def disable_triton_ops() -> None:
+    """Back to the torch references for every op."""
+    for name, reference in _references.items():
+        setattr(zonos.ops, name, reference)

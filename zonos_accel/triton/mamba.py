@@ -1,0 +1,101 @@
+"""Adapters from Zonos's op boundary to mamba_ssm's Triton kernels (an optional dependency).
+
+Each function keeps the contract of its reference in :mod:`zonos.ops`; mamba_ssm is imported on first
+use, through :func:`mamba_module`, which names the package and the extra to install when it is missing.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+
+import torch
+
+from zonos.ops.precision import compute_dtype
+
+INSTALL_HINT = "pip install 'zonos-accel[gpu]'"
+
+
+@functools.cache
+def mamba_module(name: str):
+    """``mamba_ssm.ops.triton.<name>``, or an ImportError that says what to install."""
+    try:
+        return importlib.import_module(f"mamba_ssm.ops.triton.{name}")
+    except ImportError as e:
+        raise ImportError(
+            f"this fast path needs the mamba_ssm package (its Triton kernels), which failed to import ({e}); "
+            f"install it with {INSTALL_HINT}"
+        ) from e
+
+
+_zero_bias: dict[tuple, torch.Tensor] = {}
+
+
+def ssd_step(
+    state: torch.Tensor,
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    D: torch.Tensor | None = None,
+    dt_bias: torch.Tensor | None = None,
+    dt_softplus: bool = False,
+) -> torch.Tensor:
+    """:func:`zonos.ops.ssd.ssd_step` as mamba_ssm's ``selective_state_update`` (one launch, the dt bias and
+    softplus included).
+
+    dt (b, h), dt_bias and A (h,) are broadcast over the head dimension with stride-0 views, which the
+    kernel recognises (one step size and one decay per head, as in Mamba2).
+    """
+    b, h, p = x.shape
+    n = state.shape[-1]
+    if dt_bias is None:
+        key = (h, x.device)
+        if key not in _zero_bias:
+            _zero_bias[key] = torch.zeros(h, device=x.device, dtype=torch.float32)
+        dt_bias = _zero_bias[key]
+    update = mamba_module("selective_state_update").selective_state_update
+    return update(
+        state,
+        x,
+        dt[..., None].expand(b, h, p),
+        A[:, None, None].expand(h, p, n),
+        B,
+        C,
+        D=None if D is None else D[:, None].expand(h, p),
+        dt_bias=dt_bias[:, None].expand(h, p),
+        dt_softplus=dt_softplus,
+    )
+
+
+def gated_rms_norm(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float, group_size: int) -> torch.Tensor:
+    """:func:`zonos.ops.norms.gated_rms_norm` as mamba_ssm's fused gated RMSNorm (gate before the norm)."""
+    shape = x.shape
+    rmsnorm_fn = mamba_module("layernorm_gated").rmsnorm_fn
+    y = rmsnorm_fn(
+        x.reshape(-1, shape[-1]),
+        weight,
+        None,
+        z=z.reshape(-1, shape[-1]),
+        eps=eps,
+        group_size=group_size,
+        norm_before_gate=False,
+    )
+    return y.reshape(shape)
+
+
+def ssd_scan(
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    chunk_size: int,
+    D: torch.Tensor | None = None,
+    initial_state: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`zonos.ops.ssd.ssd_scan` as mamba_ssm's ``mamba_chunk_scan_combined``."""
+    combined = mamba_module("ssd_combined").mamba_chunk_scan_combined
+    y, final = combined(x, dt, A, B, C, chunk_size, D=D, initial_states=initial_state, return_final_states=True)
+    return y, final.to(compute_dtype(x.dtype))

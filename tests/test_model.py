@@ -12,7 +12,7 @@ from zonos.codec.autoencoder import DACAutoencoder
 from zonos.codec.dac import DACConfig
 from zonos.conditioning import make_cond_dict
 from zonos.config import ZonosConfig
-from zonos.model import Zonos
+from zonos.model import SYNC_EVERY, Zonos
 
 
 @pytest.fixture(scope="module")
@@ -125,11 +125,12 @@ def test_eos_runs_down_the_codebooks(tiny, monkeypatch):
         _prefix(tiny), max_new_tokens=40, progress_bar=False, sampling_params={"min_p": 0.1, "repetition_penalty": 1.0}
     )
     columns = dict(written)
-    assert max(columns) == eos_column + 8
-    for k in range(9):
-        col = columns[eos_column + k]
-        assert col[k] == tiny.eos_token_id
-        assert (col[:k] == tiny.masked_token_id).all()
+    # The loop checks for the end every SYNC_EVERY steps; steps past the end only repeat the last column.
+    assert eos_column + 8 <= max(columns) < eos_column + 8 + SYNC_EVERY
+    for c in range(eos_column, max(columns) + 1):
+        k = min(c - eos_column, 8)
+        assert columns[c][k] == tiny.eos_token_id
+        assert (columns[c][:k] == tiny.masked_token_id).all()
     assert codes.shape[2] == eos_column - 1
 
 
@@ -190,3 +191,13 @@ def test_speaker_embedding_conditions_generation(tiny, tmp_path):
         assert tiny.generate(with_speaker, max_new_tokens=8, progress_bar=False).shape[:2] == (1, 9)
     finally:
         tiny.spk_clone_model = None
+
+
+def test_accelerators_need_cuda(tmp_path, codec):
+    paths = _save(tmp_path, "transformer")
+    with pytest.raises(ValueError, match="cuda_graphs=True needs the model on a CUDA device"):
+        Zonos.from_local(*paths, device="cpu", autoencoder=codec, cuda_graphs=True)
+    with pytest.raises(ValueError, match="fast_ops=True needs the model on a CUDA device"):
+        Zonos.from_local(*paths, device="cpu", autoencoder=codec, fast_ops=True)
+    model = Zonos.from_local(*paths, device="cpu", autoencoder=codec)  # auto: nothing to switch on
+    assert "_decode_step" not in model.__dict__

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from collections import deque
 from collections.abc import Callable, Iterator
 
@@ -25,6 +26,7 @@ N_CODEBOOKS = 9  # the DAC 44.1 kHz codec's residual codebooks
 CODEBOOK_SIZE = 1024
 UNKNOWN = -1  # a delayed-code slot not generated yet
 DEFAULT_CODEC = "descript/dac_44khz"
+SYNC_EVERY = 8  # decode steps between host checks for the end of generation
 DEFAULT_FIRST_CHUNK_FRAMES = 2
 DEFAULT_CHUNK_FRAMES = 8
 
@@ -84,6 +86,8 @@ class Zonos(nn.Module):
         autoencoder=None,
         max_seqlen: int = 4096,
         backbone: str | None = None,
+        fast_ops: bool | None = None,
+        cuda_graphs: bool | None = None,
     ) -> Zonos:
         """Load from a ``config.json`` and a ``model.safetensors``.
 
@@ -94,6 +98,10 @@ class Zonos(nn.Module):
             max_seqlen: longest prefix + generated sequence the decode caches are allocated for.
             backbone: upstream's backbone choice (``"torch"`` or ``"mamba_ssm"``), accepted for compatibility:
                 one implementation here serves both checkpoints, with fast paths chosen per device.
+            fast_ops: route the backbone's ops to the Triton fast paths (mamba_ssm + ours; process-wide, CUDA
+                tensors only). None: on when the device is CUDA and ``zonos-accel[gpu]`` is installed.
+            cuda_graphs: replay the decode step as a CUDA graph captured once and reused across requests.
+                None: on when the device is CUDA.
         """
         if backbone not in (None, "torch", "mamba_ssm"):
             raise ValueError(f"unknown backbone {backbone!r}: upstream's names are 'torch' and 'mamba_ssm'")
@@ -107,7 +115,36 @@ class Zonos(nn.Module):
             for key in f.keys():
                 state[key] = f.get_tensor(key)
         model.load_checkpoint(state, device=device, dtype=dtype)
-        return model.eval()
+        model.eval()
+        model.use_accelerators(fast_ops=fast_ops, cuda_graphs=cuda_graphs)
+        return model
+
+    def use_accelerators(self, fast_ops: bool | None = None, cuda_graphs: bool | None = None) -> None:
+        """Switch GPU fast paths on or off (None: on where the device and installed packages allow).
+
+        Asking for one the machine cannot run raises an error naming what is missing.
+        """
+        on_cuda = self.device.type == "cuda"
+        for name, wanted in (("fast_ops", fast_ops), ("cuda_graphs", cuda_graphs)):
+            if wanted and not on_cuda:
+                raise ValueError(f"{name}=True needs the model on a CUDA device; it is on {self.device}")
+        if fast_ops or (fast_ops is None and on_cuda):
+            from zonos_accel.triton import disable_triton_ops, enable_triton_ops
+
+            try:
+                enable_triton_ops()
+            except ImportError:
+                disable_triton_ops()
+                if fast_ops:
+                    raise
+        elif fast_ops is False and "zonos_accel.triton" in sys.modules:
+            sys.modules["zonos_accel.triton"].disable_triton_ops()
+        if cuda_graphs or (cuda_graphs is None and on_cuda):
+            from zonos_accel.graph import enable_cuda_graphs
+
+            enable_cuda_graphs(self)
+        elif "zonos_accel.graph" in sys.modules:
+            sys.modules["zonos_accel.graph"].disable_cuda_graphs(self)
 
     def load_checkpoint(self, state: dict[str, torch.Tensor], device: torch.device | str, dtype: torch.dtype) -> None:
         """Strictly load a state dict (names and shapes must match the config), casting floats to ``dtype``."""
@@ -316,6 +353,7 @@ class Zonos(nn.Module):
         yield delayed, offset
 
         stopping = torch.zeros(batch_size, dtype=torch.bool, device=device)
+        first_offset = offset
         max_steps = delayed.shape[2] - offset
         remaining = torch.full((batch_size,), max_steps, device=device)
         window = params.repetition_penalty_window
@@ -335,7 +373,9 @@ class Zonos(nn.Module):
                 self._write(delayed, offset, tokens)
                 progress.update()
                 yield delayed, offset
-                if not bool((remaining > 0).any()):
+                # Reading `remaining` stalls the host until the GPU catches up, so look only every few steps;
+                # the extra steps after the end write only EOS/MASK, which the frame extraction drops.
+                if (offset - first_offset) % SYNC_EVERY == 0 and not bool((remaining > 0).any()):
                     break
 
     def _decode_step(

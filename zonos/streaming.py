@@ -104,44 +104,56 @@ def stream_chunks(
         samples += audio.shape[-1]
         return chunk
 
+    def take_final_frames(delayed: torch.Tensor, complete: int) -> bool:
+        """Move frames [accepted, complete) to ``ready``; True once every row has reached EOS (that frame and
+        everything after it are dropped). Reads the codes on the host: called once per chunk, not per step."""
+        nonlocal accepted, ended
+        if complete <= accepted:
+            return False
+        new = _final_frames(delayed, accepted, complete)
+        eos = new[:, 0] == eos_token_id  # (b, n)
+        prior = torch.zeros_like(eos[:, 0]) if ended is None else ended
+        done = (prior[:, None] | eos.cummax(dim=1).values).all(dim=0)  # every row has ended by frame j
+        finished = bool(done.any())
+        if finished:
+            new = new[..., : int(done.int().argmax())]
+        ended = prior | eos.any(dim=1)
+        ready.append(new.masked_fill(new >= CODEBOOK_SIZE, 0))
+        accepted += new.shape[-1]
+        return finished
+
     try:
-        finished = False
-        for delayed, offset in steps:
+        finished, last = False, None
+        for last in steps:
             if held is not None:
                 held[1].synchronize()
                 yield held[0]
                 held = None
+            delayed, offset = last
             complete = max(offset - N_CODEBOOKS + 1, 0)
-            if complete > accepted:
-                new = _final_frames(delayed, accepted, complete)
-                eos = new[:, 0] == eos_token_id  # (b, n)
-                prior = torch.zeros_like(eos[:, 0]) if ended is None else ended
-                done = (prior[:, None] | eos.cummax(dim=1).values).all(dim=0)  # every row has ended by frame j
-                stop = int(done.int().argmax()) if bool(done.any()) else None
-                if stop is not None:
-                    new, finished = new[..., :stop], True
-                ended = prior | eos.any(dim=1)
-                ready.append(new.masked_fill(new >= CODEBOOK_SIZE, 0))
-                accepted += new.shape[-1]
-            if finished:
+            if complete < next_push:
+                continue
+            if take_final_frames(delayed, complete):
+                finished = True
                 break
-            if accepted >= next_push:
-                chunk = vocode(final=False)
-                next_push = accepted + chunk_frames
-                if side is None:
-                    yield chunk
-                else:
-                    event = torch.cuda.Event()
-                    event.record(side)
-                    held = (chunk, event)
+            chunk = vocode(final=False)
+            next_push = accepted + chunk_frames
+            if side is None:
+                yield chunk
+            else:
+                event = torch.cuda.Event()
+                event.record(side)
+                held = (chunk, event)
+        if not finished and last is not None:
+            take_final_frames(last[0], max(last[1] - N_CODEBOOKS + 1, 0))
         if held is not None:
             held[1].synchronize()
             yield held[0]
             held = None
-        last = vocode(final=True)
+        final = vocode(final=True)
         if side is not None:
             side.synchronize()
-        yield last
+        yield final
     finally:
         close = getattr(steps, "close", None)
         if close is not None:

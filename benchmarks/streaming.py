@@ -5,7 +5,7 @@ one-shot decoding.
 Real-size Zonos-v0.1-hybrid and DAC 44.1 kHz with random bf16 weights; EOS suppressed so every run
 generates exactly --frames frames; a random 120-token prefix stands in for the text conditioning.
 
-    python benchmarks/streaming.py [--frames 300] [--reps 10] [--graphs]
+    python benchmarks/streaming.py [--frames 300] [--reps 10] [--no-accel]
 """
 
 from __future__ import annotations
@@ -111,7 +111,9 @@ def main() -> None:
     p.add_argument("--frames", type=int, default=300, help="frames per request (86 ≈ 1 s)")
     p.add_argument("--reps", type=int, default=10, help="requests per schedule for the TTFA percentiles")
     p.add_argument("--schedules", default="1x1,1x2,2x4,2x8,4x16", help="first x steady chunk frames, comma-separated")
-    p.add_argument("--graphs", action="store_true", help="decode with the persistent CUDA graph runner")
+    p.add_argument(
+        "--no-accel", action="store_true", help="eager torch ops, no CUDA graphs (default: fast ops + graphs)"
+    )
     args = p.parse_args()
 
     torch.manual_seed(0)
@@ -120,10 +122,7 @@ def main() -> None:
 
     model = random_model("hybrid", autoencoder=codec)
     suppress_eos(model)
-    if args.graphs:
-        from zonos_accel.graph import enable_cuda_graphs
-
-        enable_cuda_graphs(model)
+    model.use_accelerators(fast_ops=not args.no_accel, cuda_graphs=not args.no_accel)
     prefix = torch.randn(2, 120, 2048, device="cuda", dtype=torch.bfloat16)
     stream_run(model, prefix, 30, 1, 1)  # warm-up: allocations, cuDNN/cuBLAS heuristics, graph capture
 
@@ -150,7 +149,8 @@ def main() -> None:
             }
         )
     print(table(rows, f"Streaming, {args.frames} frames per request, {args.reps} requests per schedule"))
-    print(f"\n{torch.cuda.get_device_name()}, torch {torch.__version__}, graphs={'on' if args.graphs else 'off'}")
+    accel = "off" if args.no_accel else "on"
+    print(f"\n{torch.cuda.get_device_name()}, torch {torch.__version__}, accelerators {accel}")
 
 
 if __name__ == "__main__":

@@ -247,3 +247,107 @@ def test_misuse_errors(codec):
         dec.flush()
     dec.reset()
     assert dec.flush().shape[-1] == 0  # nothing pushed: nothing to flush
+
+
+# -- fixed-address state (what the CUDA graphs of the GPU path rely on; tests/test_gpu_vocoder.py
+#    checks the graphs themselves) --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["ones", "odd_growing", "one_then_16s", "all_at_once"])
+def test_steady_once_the_first_audio_is_out(codec, name):
+    """The decoder treats a stream as steady once it has emitted audio: then every stage's state has
+    its final length, so a push's shapes depend on its size alone."""
+    schedule = SCHEDULES[name]
+    codes = random_codes(1, sum(schedule), seed=20)
+    dec = StreamingDACDecoder(codec)
+    stages = list(dec._all_stages())
+    n = 0
+    for size in schedule:
+        dec.push(codes[..., n : n + size])
+        n += size
+        assert all(s.steady for s in stages) == (dec.samples_emitted > 0)
+
+
+def _static_on_cpu(monkeypatch):
+    """Keep the state at fixed addresses on the CPU too (the decoder does that only on CUDA)."""
+    start = StreamingDACDecoder._start
+
+    def static_start(self, batch, device):
+        start(self, batch, device)
+        for stage in self._all_stages():
+            stage.static = True
+
+    monkeypatch.setattr(StreamingDACDecoder, "_start", static_start)
+
+
+class _Reads(torch.utils._python_dispatch.TorchDispatchMode):
+    """Storages that ops read without having made them inside the mode."""
+
+    def __init__(self):
+        super().__init__()
+        self.made: set[int] = set()
+        self.read: set[int] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        for t in torch.utils._pytree.tree_leaves((args, kwargs)):
+            if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in self.made:
+                self.read.add(t.untyped_storage().data_ptr())
+        out = func(*args, **kwargs)
+        for t in torch.utils._pytree.tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                self.made.add(t.untyped_storage().data_ptr())
+        return out
+
+
+def test_static_state_lives_in_fixed_buffers(codec, monkeypatch):
+    """With static state, a push reads nothing but its input, the weights and the stages' buffers,
+    and leaves every state tensor in a buffer: what a CUDA graph captured from it can replay.  The
+    results are those of the plain decoder, bit for bit."""
+    _static_on_cpu(monkeypatch)
+    schedule = [3, 5, 4, 4, 4, 1, 4]
+    codes = random_codes(2, sum(schedule), seed=21)
+    ref = stream(StreamingDACDecoder(codec), codes, [sum(schedule)])
+    dec = StreamingDACDecoder(codec)
+    stages = [s for s in dec._all_stages() if s.state_attrs]
+    weights = {p.untyped_storage().data_ptr() for p in codec.dac.parameters()}
+    outs, n = [], 0
+    for size in schedule:
+        chunk = codes[..., n : n + size].clone()
+        n += size
+        buffers = {b.untyped_storage().data_ptr() for s in stages for b in s._buffers.values()}
+        with _Reads() as reads:
+            outs.append(dec.push(chunk))
+        allowed = weights | buffers | {chunk.untyped_storage().data_ptr(), 0}
+        assert reads.read <= allowed, "a push read a tensor from outside its input, weights and state"
+        for stage in stages:
+            for attr in stage.state_attrs:
+                value = getattr(stage, attr)
+                assert not isinstance(value, torch.Tensor) or any(value is b for b in stage._buffers.values())
+    outs.append(dec.flush())
+    assert (torch.cat(outs, -1) - ref).abs().max() < 1e-5
+    # Same samples as the decoder without static state.
+    assert torch.equal(torch.cat(outs, -1), stream(StreamingDACDecoder(codec, cuda_graphs=False), codes, schedule))
+
+
+def test_autocast_weights_cast_once_are_bit_exact(codec):
+    """Under (CPU) fp16 autocast the stages get fp16 copies of the conv weights made once per stream;
+    autocast would cast them the same way in every call."""
+    codes = random_codes(1, 20, seed=22)
+    schedule = [11, 4, 4, 1]
+    cached = StreamingDACDecoder(codec, fp16_autocast=True)
+    per_call = StreamingDACDecoder(codec, fp16_autocast=True)
+    per_call._params.enabled = False
+    out = stream(cached, codes, schedule)
+    assert cached._params.dtype == torch.float16 and per_call._params.dtype is None
+    assert torch.equal(out, stream(per_call, codes, schedule))
+    # Weights changed in place between streams are picked up (the copies are refreshed in place).
+    conv = codec.dac.decoder.conv2.weight
+    saved = conv.clone()
+    try:
+        with torch.no_grad():
+            conv.mul_(2)
+        assert torch.equal(stream(cached, codes, schedule), stream(per_call, codes, schedule))
+    finally:
+        with torch.no_grad():
+            conv.copy_(saved)

@@ -1,9 +1,11 @@
 """Streaming on a GPU (bf16 model, fp16-autocast vocoder on a side stream): streamed codes equal one-shot
-codes, streamed audio equals the one-shot decode to ≥ 60 dB. Skipped without CUDA."""
+codes; streamed audio is as close to the fp32 decode as the fp16 one-shot decode is (fp16 rounding, not
+streaming, sets the error). Skipped without CUDA."""
 
 import pytest
 import torch
 
+from tests.test_gpu_vocoder import one_shot, snr_db
 from tests.test_model import _save
 from zonos.codec.autoencoder import DACAutoencoder
 from zonos.codec.dac import DACConfig
@@ -32,8 +34,8 @@ def test_gpu_stream_equals_one_shot(model, first, steady):
     chunks = list(run(stream=True, first_chunk_frames=first, chunk_frames=steady))
     assert all(c.audio.device.type == "cpu" for c in chunks)
     assert torch.equal(torch.cat([c.codes for c in chunks], -1), codes)
-    ref = model.autoencoder.decode(codes).cpu()
     audio = torch.cat([c.audio for c in chunks], -1)
-    assert audio.shape == ref.shape
-    snr = 10 * torch.log10(ref.pow(2).sum() / (ref - audio).pow(2).sum().clamp_min(1e-30))
-    assert snr >= 60, f"{snr:.1f} dB"
+    fp16 = model.autoencoder.decode(codes).cpu()
+    fp32 = one_shot(model.autoencoder, codes, fp16=False).cpu()
+    assert audio.shape == fp16.shape
+    assert snr_db(audio, fp32) >= snr_db(fp16, fp32) - 6, (snr_db(audio, fp16), snr_db(fp16, fp32))

@@ -81,23 +81,25 @@ def stream_chunks(
         nonlocal pushed, samples
         codes = torch.cat(ready, dim=-1) if ready else None
         ready.clear()
+        def run() -> torch.Tensor:
+            parts = [decoder.push(codes)] if codes is not None else []
+            if final:
+                parts.append(decoder.flush())
+            return torch.cat(parts, dim=-1) if parts else torch.zeros(1, 1, 0, device=device)
+
         if side is None:
-            audio = decoder.push(codes) if codes is not None else None
-            tail = decoder.flush() if final else None
+            audio = run()
         else:
+            # Vocoder, concatenation and the copy to pinned host memory all stay on the side stream, so each
+            # waits for the one before it; the main stream only hands over the codes.
             side.wait_stream(torch.cuda.current_stream(device))
             with torch.cuda.stream(side):
-                audio = decoder.push(codes) if codes is not None else None
-                tail = decoder.flush() if final else None
-        parts = [a for a in (audio, tail) if a is not None]
-        audio = torch.cat(parts, dim=-1) if parts else torch.zeros(1, 1, 0, device=device)
-        if codes is None:
-            codes = torch.zeros(audio.shape[0], N_CODEBOOKS, 0, dtype=torch.long, device=device)
-        if side is not None:
-            with torch.cuda.stream(side):
+                audio = run()
                 host = torch.empty(audio.shape, dtype=audio.dtype, pin_memory=True)
                 host.copy_(audio, non_blocking=True)
             audio = host
+        if codes is None:
+            codes = torch.zeros(audio.shape[0], N_CODEBOOKS, 0, dtype=torch.long, device=device)
         n_frames = codes.shape[-1]
         chunk = AudioChunk(audio, codes, (pushed, pushed + n_frames), (samples, samples + audio.shape[-1]), final)
         pushed += n_frames

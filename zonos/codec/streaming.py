@@ -29,17 +29,23 @@ frames: ``3 + 39 + 1 + 2*39 + 2*2 + 8*39 + 8*4 + 64*39 + 64*4 + 512*3 = 4757``.
 Cost: the convolutions do exactly the one-shot decoder's multiply-accumulates, whatever the chunk
 sizes (a test counts them).  The state is each conv's last ``(k - 1) d`` input samples, each
 transposed conv's ``k - s`` partial sums and each residual unit's not-yet-matched inputs.  What
-small chunks add is per-call overhead: on one H200, a 10 s clip (861 frames, random weights)
-took 3.9 s (fp32) / 6.3 s (fp16 autocast) pushed frame by frame, 1.0 / 1.6 s in chunks of 4,
-0.25 / 0.35 s in chunks of 16, against 0.06 / 0.02 s in one shot: kernel-launch bound, not
-compute bound.  On that GPU the stream matched the one-shot decode bit for bit in fp32 (TF32 off)
-and at 71 dB SNR under fp16 autocast.
+small chunks add is per-call overhead: a push launches ~500 small kernels.  On one H200 (full-size
+DAC, random weights, fp16 autocast, 256 frames; one-shot 0.036-0.047 ms per frame), pushed eagerly
+in chunks of 1 / 2 / 4 / 8 / 16 / 32 frames: 7.9 / 3.1 / 2.6 / 0.81 / 0.43 / 0.23 ms per frame,
+launch bound.  On CUDA the pushes are therefore replayed from CUDA graphs (see
+:class:`StreamingDACDecoder`): 1.6 / 0.81 / 0.42 / 0.23 / 0.13 / 0.079 ms per frame
+(``benchmarks/streaming.py``'s vocoder table), the first push of 11 frames 3.0 ms instead of 10.8.
+What is left is the GPU time of those kernels, ~1.6-2.5 ms per push whatever its size.  The stream
+matched the one-shot decode at 118 dB in fp32 (TF32 off; graphs bit for bit equal to the eager
+pushes) and at 56.6 dB under fp16 autocast (fp16 rounding: the eager pushes give the same samples).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable, Sequence
+import warnings
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -58,17 +64,67 @@ __all__ = ["StreamingDACDecoder", "ReceptiveField", "receptive_field"]
 # ---------------------------------------------------------------------------------------------
 
 
+class _Params:
+    """The conv parameters as the stages hand them to ``F.conv1d`` / ``F.conv_transpose1d``.
+
+    Under autocast every conv call casts its fp32 weight and bias to fp16 anew (autocast caches the
+    casts only of parameters that require grad): for a push of a few frames that re-reads the whole
+    decoder's weights (~55 M, 218 MB in fp32) and launches a cast per tensor.  While autocast is on,
+    the stages get instead copies cast once per stream by :meth:`refresh` (in place when the weights
+    kept their storage, so CUDA graphs stay valid).  Autocast casts with the same ``.to(dtype)``, so
+    the results are bit for bit those of casting in every call.
+    """
+
+    def __init__(self) -> None:
+        self.enabled = True
+        self.dtype: torch.dtype | None = None  # the autocast dtype of the current stream, None: no casts
+        self._copies: dict[Tensor, tuple[Tensor, int, int]] = {}  # param -> (copy, its data_ptr, version)
+
+    def __call__(self, p: Tensor | None) -> Tensor | None:
+        if self.dtype is None or p is None:
+            return p
+        copy = self._copies.get(p)
+        return p if copy is None else copy[0]
+
+    def refresh(self, params: Sequence[Tensor], dtype: torch.dtype | None) -> None:
+        """Make the copies current for a stream decoded under autocast to ``dtype`` (None: none)."""
+        self.dtype = dtype if self.enabled else None
+        if self.dtype is None:
+            return
+        for p in params:
+            if p.dtype in (self.dtype, torch.float64) or not p.is_floating_point():
+                continue  # autocast passes these on as they are
+            copy, ptr, version = self._copies.get(p, (None, 0, 0))
+            if copy is None or copy.shape != p.shape or copy.device != p.device or copy.dtype != self.dtype:
+                copy = p.to(self.dtype)
+            elif (ptr, version) != (p.data_ptr(), p._version):
+                copy.copy_(p)  # new weights: same address, so captured graphs see them
+            self._copies[p] = (copy, p.data_ptr(), p._version)
+
+
 class _Stage:
     """One layer with explicit streaming state.
 
     ``stride``, ``right`` and ``left`` describe its dependencies: output sample ``t`` depends on
     input samples ``floor((t - left) / stride) .. floor((t + right) / stride)``, and after ``m``
     input samples, ``stride * m - right`` output samples are final.
+
+    The state is the attributes named in ``state_attrs``.  Its shapes depend only on the number of
+    samples pushed so far, and stop changing once the stage has emitted output (it is ``steady``).
+    With ``static`` set (the decoder sets it on CUDA, for its CUDA graphs), every state tensor is
+    kept in a buffer of this stage that is reused for every state of the same shape, updated in
+    place by :meth:`_keep`: a push then reads and writes the same addresses as every earlier push
+    from the same point of a stream, and a CUDA graph captured from one replays the others.
     """
 
     stride: int = 1
     right: int = 0
     left: int = 0
+    state_attrs: tuple[str, ...] = ()
+    static: bool = False
+
+    def __init__(self) -> None:
+        self._buffers: dict[tuple, Tensor] = {}  # (shape, dtype, device) -> fixed-address state
 
     def push(self, x: Tensor) -> Tensor | None:
         raise NotImplementedError
@@ -78,17 +134,52 @@ class _Stage:
         return None
 
     def reset(self) -> None:
-        pass
+        for buf in self._buffers.values():  # zeroed in place: captured graphs keep their addresses
+            buf.zero_()
+
+    @property
+    def steady(self) -> bool:
+        """Whether a push of ``n`` samples emits ``stride * n`` (the state has its final length)."""
+        return True
+
+    def walk(self) -> Iterator[_Stage]:
+        """This stage and the stages inside it."""
+        yield self
+
+    def _keep(self, state: Tensor) -> Tensor:
+        """The stage's next state: ``state`` itself, or with ``static`` set its copy in this stage's
+        buffer for that shape and dtype."""
+        if not self.static:
+            return state
+        key = (state.shape, state.dtype, state.device)
+        buf = self._buffers.get(key)
+        if buf is None:
+            if state.is_cuda and torch.cuda.is_current_stream_capturing():
+                raise RuntimeError("streaming state would be allocated inside a CUDA graph capture")
+            buf = self._buffers[key] = torch.empty(state.shape, dtype=state.dtype, device=state.device)
+        return buf.copy_(state)
 
 
 class _Pointwise(_Stage):
-    """A per-sample function (Snake, tanh, kernel-1 conv): no state, no delay."""
+    """A per-sample function (Snake, tanh): no state, no delay."""
 
     def __init__(self, fn: Callable[[Tensor], Tensor]) -> None:
+        super().__init__()
         self.fn = fn
 
     def push(self, x: Tensor) -> Tensor | None:
         return self.fn(x)
+
+
+class _PointwiseConv(_Stage):
+    """A kernel-1 ``nn.Conv1d`` without padding: per-sample, no state, no delay."""
+
+    def __init__(self, conv: nn.Conv1d, params: _Params) -> None:
+        super().__init__()
+        self.conv, self.params = conv, params
+
+    def push(self, x: Tensor) -> Tensor | None:
+        return F.conv1d(x, self.params(self.conv.weight), self.params(self.conv.bias))
 
 
 class _Conv(_Stage):
@@ -98,12 +189,15 @@ class _Conv(_Stage):
     left padding, and flush appends the right padding's zeros.
     """
 
-    def __init__(self, conv: nn.Conv1d) -> None:
+    state_attrs = ("history",)
+
+    def __init__(self, conv: nn.Conv1d, params: _Params) -> None:
+        super().__init__()
         (k,), (d,), (s,) = conv.kernel_size, conv.dilation, conv.stride
         pad = conv.padding
         if s != 1 or conv.groups != 1 or not isinstance(pad, tuple) or conv.padding_mode != "zeros":
             raise ValueError(f"unsupported conv for streaming: {conv}")
-        self.conv = conv
+        self.conv, self.params = conv, params
         self.dilation = d
         self.context = (k - 1) * d  # input samples one output spans, minus one
         self.left = pad[0]
@@ -111,18 +205,23 @@ class _Conv(_Stage):
         self.reset()
 
     def reset(self) -> None:
+        super().reset()
         self.history: Tensor | None = None
+
+    @property
+    def steady(self) -> bool:
+        return self.history is not None and self.history.shape[-1] == self.context
 
     def push(self, x: Tensor) -> Tensor | None:
         if self.history is None:
             self.history = x.new_zeros(x.shape[0], x.shape[1], self.left)
         buf = torch.cat([self.history, x], dim=-1)
         n_out = buf.shape[-1] - self.context
+        # A view of buf (the next push's cat copies it out anyway), or its copy in a static buffer.
+        self.history = self._keep(buf[..., max(n_out, 0) :])
         if n_out <= 0:
-            self.history = buf
             return None
-        self.history = buf[..., n_out:]  # a view: the next push's cat copies it out anyway
-        return F.conv1d(buf, self.conv.weight, self.conv.bias, dilation=self.dilation)
+        return F.conv1d(buf, self.params(self.conv.weight), self.params(self.conv.bias), dilation=self.dilation)
 
     def flush(self) -> Tensor | None:
         if self.history is None:
@@ -142,20 +241,28 @@ class _ConvTranspose(_Stage):
     dropped at the start and, at flush, at the end.
     """
 
-    def __init__(self, conv: nn.ConvTranspose1d) -> None:
+    state_attrs = ("tail", "to_skip")
+
+    def __init__(self, conv: nn.ConvTranspose1d, params: _Params) -> None:
+        super().__init__()
         (k,), (s,), (p,), (d,) = conv.kernel_size, conv.stride, conv.padding, conv.dilation
         (op,) = conv.output_padding
         if d != 1 or op != 0 or conv.groups != 1 or k < s or k - s < p:
             raise ValueError(f"unsupported transposed conv for streaming: {conv}")
-        self.conv = conv
+        self.conv, self.params = conv, params
         self.stride, self.kernel, self.padding = s, k, p
         self.right = p
         self.left = k - s - p
         self.reset()
 
     def reset(self) -> None:
+        super().reset()
         self.tail: Tensor | None = None
         self.to_skip = self.padding
+
+    @property
+    def steady(self) -> bool:
+        return self.tail is not None and self.to_skip == 0
 
     def _emit(self, y: Tensor) -> Tensor | None:
         drop = min(self.to_skip, y.shape[-1])
@@ -163,15 +270,15 @@ class _ConvTranspose(_Stage):
         y = y[..., drop:]
         if y.shape[-1] == 0:
             return None
-        bias = self.conv.bias
+        bias = self.params(self.conv.bias)
         return y if bias is None else y + bias.to(y.dtype)[:, None]
 
     def push(self, x: Tensor) -> Tensor | None:
-        y = F.conv_transpose1d(x, self.conv.weight, None, stride=self.stride)
+        y = F.conv_transpose1d(x, self.params(self.conv.weight), None, stride=self.stride)
         if self.tail is not None:
             y[..., : self.tail.shape[-1]] += self.tail
         done = x.shape[-1] * self.stride
-        self.tail = y[..., done:]
+        self.tail = self._keep(y[..., done:])
         return self._emit(y[..., :done])
 
     def flush(self) -> Tensor | None:
@@ -201,7 +308,10 @@ def _flush(stages: Sequence[_Stage]) -> Tensor | None:
 class _Residual(_Stage):
     """``x + f(x)``: holds back each ``x`` sample until ``f``'s matching output is final."""
 
+    state_attrs = ("pending",)
+
     def __init__(self, inner: Sequence[_Stage]) -> None:
+        super().__init__()
         self.inner = list(inner)
         assert all(s.stride == 1 for s in self.inner)
         self.right = max(0, sum(s.right for s in self.inner))
@@ -209,43 +319,55 @@ class _Residual(_Stage):
         self.reset()
 
     def reset(self) -> None:
+        super().reset()
         self.pending: Tensor | None = None
         for stage in self.inner:
             stage.reset()
 
-    def _add(self, h: Tensor | None) -> Tensor | None:
-        if h is None:
-            return None
-        assert self.pending is not None and self.pending.shape[-1] >= h.shape[-1]
-        n = h.shape[-1]
-        out = self.pending[..., :n] + h
-        self.pending = self.pending[..., n:]
-        return out
+    @property
+    def steady(self) -> bool:
+        return self.pending is not None and self.pending.shape[-1] == self.right and all(s.steady for s in self.inner)
+
+    def walk(self) -> Iterator[_Stage]:
+        yield self
+        for stage in self.inner:
+            yield from stage.walk()
+
+    def _add(self, pending: Tensor, h: Tensor | None) -> Tensor | None:
+        """``pending[:n] + h`` for the ``n`` samples of ``h``; the rest stays pending."""
+        n = 0 if h is None else h.shape[-1]
+        assert pending.shape[-1] >= n
+        self.pending = self._keep(pending[..., n:])
+        return None if h is None else pending[..., :n] + h
 
     def push(self, x: Tensor) -> Tensor | None:
-        self.pending = x if self.pending is None else torch.cat([self.pending, x], dim=-1)
-        return self._add(_run(self.inner, x))
+        pending = x if self.pending is None else torch.cat([self.pending, x], dim=-1)
+        return self._add(pending, _run(self.inner, x))
 
     def flush(self) -> Tensor | None:
-        out = self._add(_flush(self.inner))
+        h = _flush(self.inner)
+        out = None if self.pending is None else self._add(self.pending, h)
         self.pending = None
         return out
 
 
-def _pointwise_or_conv(conv: nn.Conv1d) -> _Stage:
-    return _Pointwise(conv) if conv.kernel_size == (1,) and conv.padding == (0,) else _Conv(conv)
+def _pointwise_or_conv(conv: nn.Conv1d, params: _Params) -> _Stage:
+    if conv.kernel_size == (1,) and conv.padding == (0,) and conv.stride == (1,) and conv.groups == 1:
+        return _PointwiseConv(conv, params)
+    return _Conv(conv, params)
 
 
-def _decoder_stages(dac: DAC) -> list[_Stage]:
+def _decoder_stages(dac: DAC, params: _Params | None = None) -> list[_Stage]:
     """Streaming stages sharing the modules (hence weights) of ``dac.decoder``, in forward order."""
+    params = params or _Params()
     dec = dac.decoder
-    stages: list[_Stage] = [_Conv(dec.conv1)]
+    stages: list[_Stage] = [_Conv(dec.conv1, params)]
     for block in dec.block:
-        stages += [_Pointwise(block.snake1), _ConvTranspose(block.conv_t1)]
+        stages += [_Pointwise(block.snake1), _ConvTranspose(block.conv_t1, params)]
         for unit in (block.res_unit1, block.res_unit2, block.res_unit3):
-            inner = [_Pointwise(unit.snake1), _pointwise_or_conv(unit.conv1), _Pointwise(unit.snake2)]
-            stages.append(_Residual(inner + [_pointwise_or_conv(unit.conv2)]))
-    stages += [_Pointwise(dec.snake1), _Conv(dec.conv2), _Pointwise(torch.tanh)]
+            inner = [_Pointwise(unit.snake1), _pointwise_or_conv(unit.conv1, params), _Pointwise(unit.snake2)]
+            stages.append(_Residual(inner + [_pointwise_or_conv(unit.conv2, params)]))
+    stages += [_Pointwise(dec.snake1), _Conv(dec.conv2, params), _Pointwise(torch.tanh)]
     return stages
 
 
@@ -316,6 +438,26 @@ def receptive_field(config: DACConfig | None = None) -> ReceptiveField:
 # Public decoder
 # ---------------------------------------------------------------------------------------------
 
+_MAX_GRAPHS = 64  # per decoder; past that, pushes of new keys stay eager
+
+
+@dataclass
+class _Captured:
+    """A push (or the flush) captured in a CUDA graph, with the static tensors it reads and writes."""
+
+    graph: torch.cuda.CUDAGraph
+    input: Tensor | None  # codes [B, 9, n] or latent [B, hidden, n], copied in before each replay
+    output: Tensor | None  # audio [B, 1, m] float32, overwritten by each replay (and other graphs')
+    after: list[tuple[_Stage, dict]]  # the stages' state attributes after the push
+
+
+def _uncached_autocast() -> contextlib.AbstractContextManager:
+    """The current CUDA autocast without its cast cache (freed when the outermost autocast exits, so a
+    graph must not capture reads of it)."""
+    if torch.is_autocast_enabled("cuda"):
+        return torch.autocast("cuda", dtype=torch.get_autocast_dtype("cuda"), cache_enabled=False)
+    return contextlib.nullcontext()
+
 
 class StreamingDACDecoder:
     """Decode DAC codes chunk by chunk; the outputs concatenate to the one-shot decode.
@@ -332,18 +474,47 @@ class StreamingDACDecoder:
     decoding precision of :meth:`DACAutoencoder.decode` (fp16 autocast on CUDA) unless
     ``fp16_autocast`` says otherwise.  Call :meth:`reset` to start a new stream (e.g. after
     cancelling one).
+
+    **CUDA graphs** (``cuda_graphs=True``, CUDA only).  A push has static shapes given the frames
+    pushed before it (or just its size, once the stream is steady) and the stages keep their state
+    at fixed addresses, so pushes and the flush are captured into CUDA graphs keyed by that point of
+    the stream, the batch and push sizes, the input kind and the numeric mode.  The second time a
+    key occurs its push runs eagerly (the warm-up) and is then captured on the caller's current
+    stream (a private one if that is the legacy default stream, where capture is impossible); from
+    the third on it is replayed: the codes copied in, one graph launch, the audio copied out.  The
+    graphs run the eager push's kernels on the same data, so they return the same samples.
+    :meth:`reset` keeps them (the state buffers are zeroed in place), so later streams of the same
+    schedule replay every push; they are dropped when the codec's weights move to new storage.  The
+    stages, run eagerly on the CPU and for the first occurrences, are the reference.
     """
 
-    def __init__(self, codec: DACAutoencoder | DAC, fp16_autocast: bool | None = None) -> None:
+    def __init__(
+        self, codec: DACAutoencoder | DAC, fp16_autocast: bool | None = None, cuda_graphs: bool = True
+    ) -> None:
         self.dac: DAC = codec.dac if isinstance(codec, DACAutoencoder) else codec
         self.fp16_autocast = fp16_autocast
+        self.cuda_graphs = cuda_graphs
         config = self.dac.config
-        self._stages = _decoder_stages(self.dac)
+        self._params = _Params()
+        self._stages = _decoder_stages(self.dac, self._params)
+        self._conv_params = [
+            t for s in self._all_stages() if hasattr(s, "conv") for t in (s.conv.weight, s.conv.bias) if t is not None
+        ]
         self.receptive_field: ReceptiveField = _compose(self._stages, config.hop_length, config.sampling_rate)
+        self._graphs: dict[tuple, _Captured] = {}
+        self._seen: dict[tuple, int] = {}  # eager runs of each key
+        self._uncapturable: set[tuple] = set()
+        self._graph_weights: tuple[int, ...] = ()  # the weights' addresses when the graphs were captured
+        self._pool = None  # the graphs' private memory pool
+        self._side: torch.cuda.Stream | None = None  # captures when the caller is on the default stream
+        self._stream: torch.cuda.Stream | None = None  # where the state was last touched
+        self.graph_captures = 0
+        self.graph_replays = 0
         self.reset()
 
     def reset(self) -> None:
         """Forget all state; the next push starts a new stream."""
+        self._order_streams()
         for stage in self._stages:
             stage.reset()
         self._batch: int | None = None
@@ -358,44 +529,183 @@ class StreamingDACDecoder:
     def push(self, codes: Tensor) -> Tensor:
         """Feed the next code frames ``[B, n_codebooks, n]``; returns the newly final audio ``[B, 1, m]``."""
         config = self.dac.config
-        codes = validate_codes(codes, config.n_codebooks, config.codebook_size).to(self._device)
-        self._check_batch(codes.shape[0])
-        with torch.no_grad(), decode_precision(self._device, self.fp16_autocast):
-            latent = self.dac.codes_to_latent(codes) if codes.shape[-1] else None
-            return self._push_latent(latent)
+        device = self._device
+        codes = validate_codes(codes, config.n_codebooks, config.codebook_size).to(device)
+        with torch.no_grad(), decode_precision(device, self.fp16_autocast):
+            self._start(codes.shape[0], device)
+            return self._push("codes", codes)
 
     def push_latent(self, latent: Tensor) -> Tensor:
         """Like :meth:`push`, for continuous latent frames ``[B, hidden_size, n]``."""
         if latent.dim() != 3 or latent.shape[1] != self.dac.config.hidden_size:
             raise ValueError(f"latent must be [B, {self.dac.config.hidden_size}, n]; got {tuple(latent.shape)}")
-        self._check_batch(latent.shape[0])
         param = next(self.dac.parameters())
         latent = latent.to(param.device, param.dtype)
-        with torch.no_grad(), decode_precision(self._device, self.fp16_autocast):
-            return self._push_latent(latent if latent.shape[-1] else None)
+        with torch.no_grad(), decode_precision(param.device, self.fp16_autocast):
+            self._start(latent.shape[0], param.device)
+            return self._push("latent", latent)
 
     def flush(self) -> Tensor:
         """End the stream and return the remaining audio ``[B, 1, r]`` (the right-padded tail)."""
         if self._finished:
             raise RuntimeError("the stream was already flushed; call reset() to start a new one")
-        self._finished = True
+        self._order_streams()
         with torch.no_grad(), decode_precision(self._device, self.fp16_autocast):
-            out = _flush(self._stages)
+            out = self._call("flush", None) if self.frames_pushed else None
+        self._finished = True
         return self._finish(out)
 
-    def _check_batch(self, batch: int) -> None:
+    # -- internals -----------------------------------------------------------------------------
+
+    def _all_stages(self) -> Iterator[_Stage]:
+        for stage in self._stages:
+            yield from stage.walk()
+
+    def _start(self, batch: int, device: torch.device) -> None:
+        """Checks before a push; at a stream's first push, set up what the whole stream uses."""
         if self._finished:
             raise RuntimeError("the stream was flushed; call reset() before pushing again")
-        if self._batch is None:
-            self._batch = batch
-        elif batch != self._batch:
-            raise ValueError(f"batch size changed mid-stream ({self._batch} -> {batch}); call reset() first")
+        self._order_streams()
+        if self._batch is not None:
+            if batch != self._batch:
+                raise ValueError(f"batch size changed mid-stream ({self._batch} -> {batch}); call reset() first")
+            return
+        self._batch = batch
+        static = self._graphs_on(device)
+        for stage in self._all_stages():
+            stage.static = static
+        autocast = torch.is_autocast_enabled(device.type)
+        self._params.refresh(self._conv_params, torch.get_autocast_dtype(device.type) if autocast else None)
+        if static:
+            params = [*self.dac.decoder.parameters(), *self.dac.quantizer.parameters()]
+            weights = tuple(p.data_ptr() for p in params + list(map(self._params, self._conv_params)))
+            if weights != self._graph_weights:  # moved or re-cast: the graphs would read freed memory
+                self._graphs.clear()
+                self._graph_weights = weights
 
-    def _push_latent(self, latent: Tensor | None) -> Tensor:
-        if latent is not None:
-            self.frames_pushed += latent.shape[-1]
-            return self._finish(_run(self._stages, latent))
-        return self._finish(None)
+    def _graphs_on(self, device: torch.device) -> bool:
+        return self.cuda_graphs and device.type == "cuda"
+
+    def _order_streams(self) -> None:
+        """Order this call's work on the state after the last call's, if that ran on another CUDA
+        stream (an earlier request's side stream, say)."""
+        if self._stream is None:
+            return
+        stream = torch.cuda.current_stream(self._stream.device)
+        if stream != self._stream:
+            stream.wait_stream(self._stream)
+            self._stream = stream
+
+    def _push(self, kind: str, x: Tensor) -> Tensor:
+        if x.shape[-1] == 0:
+            return self._finish(None)
+        out = self._call(kind, x)
+        self.frames_pushed += x.shape[-1]
+        return self._finish(out)
+
+    def _forward(self, kind: str, x: Tensor | None) -> Tensor | None:
+        """The eager push of codes or latent frames ``x``, or the flush: the stages' new output."""
+        if kind == "flush":
+            return _flush(self._stages)
+        return _run(self._stages, self.dac.codes_to_latent(x) if kind == "codes" else x)
+
+    def _call(self, kind: str, x: Tensor | None) -> Tensor | None:
+        """:meth:`_forward`, replayed from a CUDA graph where one was captured for this point."""
+        device = self._device
+        if not self._graphs_on(device):
+            return self._forward(kind, x)
+        if self._stream is None:
+            self._stream = torch.cuda.current_stream(device)
+        # The shapes of a push depend on the frames pushed so far, until the first audio is out.
+        point = -1 if self.samples_emitted else self.frames_pushed
+        key = (
+            kind,
+            point,
+            self._batch,
+            None if x is None else (tuple(x.shape), x.dtype),
+            device,
+            torch.is_autocast_enabled("cuda"),
+            torch.get_autocast_dtype("cuda"),
+            self._params.dtype,
+            torch.backends.cudnn.allow_tf32,
+            torch.backends.cudnn.deterministic,
+            torch.backends.cuda.matmul.allow_tf32,
+        )
+        captured = self._graphs.get(key)
+        if captured is not None:
+            if x is not None:
+                captured.input.copy_(x)
+            captured.graph.replay()
+            self._restore(captured.after)
+            self.graph_replays += 1
+            # Other graphs of the pool may reuse the output's memory: hand out a copy.
+            return None if captured.output is None else captured.output.clone()
+        seen = self._seen[key] = self._seen.get(key, 0) + 1
+        if seen < 2 or key in self._uncapturable or len(self._graphs) >= _MAX_GRAPHS:
+            return self._forward(kind, x)  # (the first run of a key may be a one-off)
+        out, captured = self._eager_then_capture(kind, x)
+        if captured is None:
+            self._uncapturable.add(key)
+        else:
+            self._graphs[key] = captured
+        return out
+
+    def _snapshot(self) -> list[tuple[_Stage, dict]]:
+        return [(s, {a: getattr(s, a) for a in s.state_attrs}) for s in self._all_stages() if s.state_attrs]
+
+    @staticmethod
+    def _restore(snapshot: list[tuple[_Stage, dict]]) -> None:
+        for stage, values in snapshot:
+            vars(stage).update(values)
+
+    def _eager_then_capture(self, kind: str, x: Tensor | None) -> tuple[Tensor | None, _Captured | None]:
+        """Run the push eagerly (the warm-up; its output is returned), then capture it from the same
+        state (which runs nothing: the state tensors keep the values of the eager run).  A capture that
+        fails (some kernel that cannot be captured) is warned about and leaves the push eager."""
+        device = self._device
+        caller = torch.cuda.current_stream(device)
+        stream = caller
+        if caller == torch.cuda.default_stream(device):  # capture is illegal on the legacy default stream
+            if self._side is None or self._side.device != device:
+                self._side = torch.cuda.Stream(device)
+            stream = self._side
+            stream.wait_stream(caller)
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        with torch.cuda.stream(stream):
+            before = self._snapshot()
+            out = self._forward(kind, x)
+            after = self._snapshot()
+            self._restore(before)
+            static_in = None if x is None else x.clone()
+            graph = torch.cuda.CUDAGraph()
+            try:
+                with (
+                    torch.cuda.graph(graph, pool=self._pool, stream=stream, capture_error_mode="thread_local"),
+                    _uncached_autocast(),
+                ):
+                    static_out = self._forward(kind, static_in)
+                    static_out = None if static_out is None else static_out.float()
+            except Exception as err:  # whatever could not be captured stays eager, which is correct
+                msg = f"a streaming DAC push could not be captured in a CUDA graph, it stays eager: {err!r}"
+                warnings.warn(msg, stacklevel=4)
+                graph = None
+            captured_after = self._snapshot()
+            self._restore(after)
+        if stream != caller:
+            caller.wait_stream(stream)
+            if out is not None:
+                out.record_stream(caller)
+        if graph is None:
+            return out, None
+        if any(
+            a is not b and not (isinstance(a, int) and a == b)
+            for (_, va), (_, vb) in zip(after, captured_after)
+            for a, b in zip(va.values(), vb.values())
+        ):
+            raise RuntimeError("the captured push left another state than the eager one (a bug)")
+        self.graph_captures += 1
+        return out, _Captured(graph, static_in, static_out, after)
 
     def _finish(self, out: Tensor | None) -> Tensor:
         if out is None:

@@ -69,6 +69,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--chunk-frames", type=int, default=None, help="with --stream: frames in each later chunk; default: the model's"
     )
+    p.add_argument(
+        "--cute-gemv",
+        action="store_true",
+        help="run the decode projections through our CuTeDSL GEMV instead of cuBLAS (CUDA + nvidia-cutlass-dsl)",
+    )
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     return p.parse_args(argv)
 
@@ -89,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         speaker = torch.load(args.speaker_embedding, map_location="cpu", weights_only=True)
     t0 = time.perf_counter()
     codec = DACAutoencoder.from_pretrained(args.codec, device=device)
-    model = Zonos.from_pretrained(args.model, device=device, autoencoder=codec)
+    model = Zonos.from_pretrained(args.model, device=device, autoencoder=codec, use_cute_gemv=args.cute_gemv)
     print(f"loaded {args.model} on {device} in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
 
     if args.speaker_audio:

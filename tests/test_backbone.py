@@ -1,5 +1,7 @@
 """Backbone invariants: checkpoint layout at real size, and prefill/decode cache consistency."""
 
+import copy
+
 import pytest
 import torch
 
@@ -82,3 +84,120 @@ def test_rotary_pairing_differs_between_backbones():
     c, s = cos[1, 0], sin[1, 0]
     torch.testing.assert_close(half[0, 1, 0, 0], x[0, 1, 0, 0] * c - x[0, 1, 0, 4] * s)
     torch.testing.assert_close(inter[0, 1, 0, 0], x[0, 1, 0, 0] * c - x[0, 1, 0, 1] * s)
+
+
+def _binary(length):
+    return [1 << k for k in reversed(range(length.bit_length())) if length >> k & 1]
+
+
+def _schedules(length):
+    from zonos_accel.graph import prefill_pieces
+
+    irregular, rest = [], length
+    for n in [5, 1, 16, 3, 64, 2, 100]:
+        if rest <= 0:
+            break
+        irregular.append(min(n, rest))
+        rest -= irregular[-1]
+    irregular += [rest] if rest > 0 else []
+    return {"graph": prefill_pieces(length), "binary": _binary(length), "irregular": irregular}
+
+
+def _caches(state):
+    return [t for c in state.caches for t in ((c.k, c.v) if hasattr(c, "k") else (c.conv, c.ssm))]
+
+
+@pytest.mark.parametrize("kind", ["hybrid", "transformer"])
+@pytest.mark.parametrize("length", [1, 7, 64, 121, 300])
+def test_prefill_in_fixed_size_pieces_equals_one_prefill(kind, length):
+    """The graph runner's pieces (the device position advancing between them, conv context and SSD state
+    taken from the cache, KV rows at the device position), and other schedules, equal one prefill and the
+    token-by-token steps; the states they leave behind (caches, position, seqlen) are the same too."""
+    bb = _backbone(kind, seed=2)
+    x = torch.randn(2, length + 3, 64, dtype=torch.float64, generator=torch.Generator().manual_seed(length))
+    one = bb.allocate_inference_state(2, 320)
+    full = bb(x[:, :length], one)
+    longer = bb(x, bb.allocate_inference_state(2, 320))
+    steps = bb.allocate_inference_state(2, 320)
+    by_token = torch.cat([bb.step(x[:, t : t + 1], steps) for t in range(length)], 1)
+    torch.testing.assert_close(by_token, full, rtol=1e-9, atol=1e-9)
+    for name, pieces in _schedules(length).items():
+        assert sum(pieces) == length, name
+        state = bb.allocate_inference_state(2, 320)
+        state.reset()  # reused state: zeroed caches are the start of a sequence
+        outs, start = [], 0
+        for n in pieces:
+            outs.append(bb(x[:, start : start + n], state))
+            start += n
+        torch.testing.assert_close(torch.cat(outs, 1), full, rtol=1e-9, atol=1e-9, msg=name)
+        assert state.seqlen == length and int(state.position) == length
+        for a, b in zip(_caches(state), _caches(one)):
+            torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9, msg=name)
+        # Decoding continues from the pieces' state as from one prefill.
+        for t in range(length, length + 3):
+            torch.testing.assert_close(bb.step(x[:, t : t + 1], state), longer[:, t : t + 1], msg=name)
+
+
+def test_prefill_pieces_schedule():
+    from zonos_accel.graph import MAX_PIECE, PIECE_SIZES, prefill_pieces
+
+    assert len(PIECE_SIZES) == len(set(PIECE_SIZES)) == 31
+    assert prefill_pieces(121) == [112, 9] and prefill_pieces(1001) == [256, 256, 256, 224, 9]
+    for length in range(1, 1100):
+        pieces = prefill_pieces(length)
+        assert sum(pieces) == length and set(pieces) <= set(PIECE_SIZES)
+        assert len(pieces) <= length // MAX_PIECE + 2
+
+
+def test_prefill_attention_reference():
+    """Query i of a piece starting at ``position`` sees cache rows 0..position + i; one token is decode_attention."""
+    from zonos import ops
+
+    gen = torch.Generator().manual_seed(0)
+    b, n, hq, hkv, d, rows, position = 2, 5, 4, 2, 8, 20, 7
+    q = torch.randn(b, n, hq, d, dtype=torch.float64, generator=gen)
+    k, v = (torch.randn(b, rows, hkv, d, dtype=torch.float64, generator=gen) for _ in range(2))
+    out = ops.prefill_attention(q, k, v, torch.tensor(position))
+    for i in range(n):
+        kk, vv = (t[:, : position + i + 1].repeat_interleave(hq // hkv, dim=2) for t in (k, v))
+        scores = torch.einsum("bhd,bshd->bhs", q[:, i], kk) / d**0.5
+        expected = torch.einsum("bhs,bshd->bhd", scores.softmax(-1), vv)
+        torch.testing.assert_close(out[:, i], expected, rtol=1e-12, atol=1e-12)
+    one = ops.prefill_attention(q[:, :1], k, v, torch.tensor(position))
+    torch.testing.assert_close(one, ops.decode_attention(q[:, :1], k, v, torch.tensor(position)))
+
+
+def test_decay_rates_are_derived_once():
+    """Mamba2's A = -exp(A_log) is kept (not recomputed per call) outside the state dict, and equals the
+    per-call computation it replaced after loads, casts and moves."""
+    from zonos.backbone.mamba2 import Mamba2Mixer
+    from zonos.ops import compute_dtype
+
+    def expected(m):
+        return -torch.exp(m.A_log.to(compute_dtype(m.A_log.dtype)))  # what _dt_A and step computed before
+
+    bb = _backbone("hybrid")  # loaded with load_state_dict, then cast to float64
+    mixers = [layer.mixer for layer in bb.layers if isinstance(layer.mixer, Mamba2Mixer)]
+    assert mixers and not any(k.endswith(".A") for k in bb.state_dict()) and "A" not in dict(mixers[0].named_buffers())
+    for m in mixers:
+        assert m.A.dtype == torch.float64 and torch.equal(m.A, expected(m))
+    m = copy.deepcopy(mixers[0])
+    state = {k: v.float() * 0.5 if k == "A_log" else v.float() for k, v in m.state_dict().items()}
+    m.load_state_dict(state)  # copies into the parameters
+    assert torch.equal(m.A, expected(m))
+    m.to(torch.bfloat16)  # the buffer is derived again in float32, not rounded to bf16
+    assert m.A.dtype == torch.float32 and torch.equal(m.A, expected(m))
+    address = m.A.data_ptr()
+    m.to(torch.bfloat16)
+    assert m.A.data_ptr() == address  # unchanged dtype and device: refreshed in place (graphs keep reading it)
+    with torch.device("meta"):
+        lazy = Mamba2Mixer(64, d_state=16, headdim=16, chunk_size=8)
+    lazy.load_state_dict(state, assign=True)
+    assert lazy.A.device.type == "cpu" and torch.equal(lazy.A, expected(lazy))
+    # The step and the prefill read the buffer: the backbone still equals the recomputed decay rates' results.
+    x = torch.randn(2, 9, 64, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+    ref = bb(x, bb.allocate_inference_state(2, 16))
+    for mixer in mixers:
+        mixer.A.fill_(float("nan"))
+        mixer.refresh_A()
+    torch.testing.assert_close(bb(x, bb.allocate_inference_state(2, 16)), ref, rtol=0, atol=0)

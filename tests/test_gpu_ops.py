@@ -61,6 +61,31 @@ def test_decode_attention(dtype, b, hq, hkv, d, max_seqlen, position):
     assert _rel(out, ref) < _tol(dtype)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize(
+    "b,hq,hkv,d,max_seqlen,n,position",
+    [
+        (2, 16, 4, 128, 4096, 121, 0),
+        (2, 16, 4, 128, 4096, 9, 112),
+        (2, 16, 4, 128, 4096, 256, 512),
+        (2, 16, 4, 128, 4096, 1, 4095),
+        (1, 16, 4, 128, 4096, 13, 4083),
+        (2, 4, 2, 16, 250, 37, 70),
+    ],
+)
+@gpu
+def test_prefill_attention(dtype, b, hq, hkv, d, max_seqlen, n, position):
+    qkv = _randn(b, n, hq + 2 * hkv, d, dtype=dtype)
+    q = qkv[:, :, :hq]  # a strided view of the fused projection (the layout without rotary)
+    k, v = _randn(b, max_seqlen, hkv, d, dtype=dtype), _randn(b, max_seqlen, hkv, d, dtype=dtype)
+    pos = torch.tensor(position, device="cuda")
+    ref = ops.prefill_attention(q.double(), k.double(), v.double(), pos)
+    k[:, position + n :], v[:, position + n :] = float("nan"), float("nan")  # rows no query sees: never read
+    out = _fast("prefill_attention")(q, k, v, pos)
+    assert out.dtype == dtype and out.shape == q.shape
+    assert _rel(out, ref) < _tol(dtype)
+
+
 @pytest.mark.parametrize("b,h,p,n,g", [(2, 64, 64, 128, 1), (1, 64, 64, 128, 1), (3, 8, 16, 16, 2)])
 @pytest.mark.parametrize("raw_dt", [False, True])
 @gpu

@@ -199,5 +199,34 @@ def test_accelerators_need_cuda(tmp_path, codec):
         Zonos.from_local(*paths, device="cpu", autoencoder=codec, cuda_graphs=True)
     with pytest.raises(ValueError, match="fast_ops=True needs the model on a CUDA device"):
         Zonos.from_local(*paths, device="cpu", autoencoder=codec, fast_ops=True)
+    with pytest.raises(ValueError, match="use_cute_gemv=True needs the model on a CUDA device"):
+        Zonos.from_local(*paths, device="cpu", autoencoder=codec, use_cute_gemv=True)
     model = Zonos.from_local(*paths, device="cpu", autoencoder=codec)  # auto: nothing to switch on
     assert "_decode_step" not in model.__dict__
+
+
+def test_heads_run_as_one_matrix(tmp_path, codec):
+    """The 9 heads are one (9·1025, d) matrix product whose row blocks are the heads' weights (views, outside
+    the state dict), equal to the 9 separate products it replaced, after loading, in-place edits and casts."""
+    model = Zonos.from_local(*_save(tmp_path, "hybrid"), device="cpu", autoencoder=codec)  # meta + assign
+    assert not any("heads_weight" in k for k in model.state_dict())
+    hidden = torch.randn(3, 64)
+
+    def separate(h):
+        return torch.stack([torch.nn.functional.linear(h, head.weight) for head in model.heads], dim=1).float()
+
+    assert model.apply_heads(hidden).shape == (3, 9, 1025)
+    torch.testing.assert_close(model.apply_heads(hidden), separate(hidden), rtol=1e-6, atol=1e-6)
+    with torch.no_grad():
+        model.heads[4].weight.mul_(-2)  # the fused matrix is the same memory
+    torch.testing.assert_close(model.apply_heads(hidden), separate(hidden), rtol=1e-6, atol=1e-6)
+    model.double()
+    assert model.heads_weight.dtype == torch.float64
+    torch.testing.assert_close(model.apply_heads(hidden.double()), separate(hidden.double()), rtol=1e-12, atol=1e-12)
+    address = model.heads_weight.data_ptr()
+    model.to(torch.float64)
+    assert model.heads_weight.data_ptr() == address  # already tied: nothing moves (captured graphs stay valid)
+    state = {k: torch.randn_like(v) for k, v in model.state_dict().items()}
+    model.load_state_dict(state)
+    assert torch.equal(model.heads_weight[1025:2050], state["heads.1.weight"])
+    torch.testing.assert_close(model.apply_heads(hidden.double()), separate(hidden.double()), rtol=1e-12, atol=1e-12)

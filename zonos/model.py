@@ -12,6 +12,7 @@ import torch.nn as nn
 from safetensors import safe_open
 from tqdm import tqdm
 
+from zonos import ops
 from zonos.backbone import InferenceState, ZonosBackbone
 from zonos.codebook_pattern import apply_delay_pattern, revert_delay_pattern
 from zonos.codec.streaming import StreamingDACDecoder
@@ -49,6 +50,11 @@ class Zonos(nn.Module):
         self.prefix_conditioner = PrefixConditioner(config.prefix_conditioner, d)
         self.embeddings = nn.ModuleList([nn.Embedding(CODEBOOK_SIZE + 2, d) for _ in range(N_CODEBOOKS)])
         self.heads = nn.ModuleList([nn.Linear(d, CODEBOOK_SIZE + 1, bias=False) for _ in range(N_CODEBOOKS)])
+        # The 9 heads as one (9·1025, d) matrix, so a step runs one GEMV instead of 9; each head's weight is a
+        # view of it (in-place edits stay shared). Outside the state dict; tied again after loads and casts.
+        self.register_buffer("heads_weight", torch.empty(0), persistent=False)
+        self.register_load_state_dict_post_hook(_tie_heads_after_load)
+        self.tie_heads()
         # Upstream pads the 1025-row heads by (1025 mod multiple) zero rows after loading and masks the pad to
         # -inf; the pad's width matters because the repetition penalty clamps MASK ids to the last column.
         m = config.pad_vocab_to_multiple_of
@@ -88,6 +94,7 @@ class Zonos(nn.Module):
         backbone: str | None = None,
         fast_ops: bool | None = None,
         cuda_graphs: bool | None = None,
+        use_cute_gemv: bool = False,
     ) -> Zonos:
         """Load from a ``config.json`` and a ``model.safetensors``.
 
@@ -102,6 +109,8 @@ class Zonos(nn.Module):
                 tensors only). None: on when the device is CUDA and ``zonos-accel[gpu]`` is installed.
             cuda_graphs: replay the decode step as a CUDA graph captured once and reused across requests.
                 None: on when the device is CUDA.
+            use_cute_gemv: decode-shaped projections (≤ 16 rows) through our CuTeDSL GEMV instead of cuBLAS
+                (needs ``nvidia-cutlass-dsl``; process-wide; prefill stays on cuBLAS).
         """
         if backbone not in (None, "torch", "mamba_ssm"):
             raise ValueError(f"unknown backbone {backbone!r}: upstream's names are 'torch' and 'mamba_ssm'")
@@ -116,16 +125,19 @@ class Zonos(nn.Module):
                 state[key] = f.get_tensor(key)
         model.load_checkpoint(state, device=device, dtype=dtype)
         model.eval()
-        model.use_accelerators(fast_ops=fast_ops, cuda_graphs=cuda_graphs)
+        model.use_accelerators(fast_ops=fast_ops, cuda_graphs=cuda_graphs, cute_gemv=use_cute_gemv)
         return model
 
-    def use_accelerators(self, fast_ops: bool | None = None, cuda_graphs: bool | None = None) -> None:
-        """Switch GPU fast paths on or off (None: on where the device and installed packages allow).
+    def use_accelerators(
+        self, fast_ops: bool | None = None, cuda_graphs: bool | None = None, cute_gemv: bool | None = None
+    ) -> None:
+        """Switch GPU fast paths on or off (None: on where the device and installed packages allow; the
+        CuTeDSL GEMV stays off unless asked for). Changing them after graphs were captured recaptures.
 
         Asking for one the machine cannot run raises an error naming what is missing.
         """
         on_cuda = self.device.type == "cuda"
-        for name, wanted in (("fast_ops", fast_ops), ("cuda_graphs", cuda_graphs)):
+        for name, wanted in (("fast_ops", fast_ops), ("cuda_graphs", cuda_graphs), ("use_cute_gemv", cute_gemv)):
             if wanted and not on_cuda:
                 raise ValueError(f"{name}=True needs the model on a CUDA device; it is on {self.device}")
         if fast_ops or (fast_ops is None and on_cuda):
@@ -139,6 +151,12 @@ class Zonos(nn.Module):
                     raise
         elif fast_ops is False and "zonos_accel.triton" in sys.modules:
             sys.modules["zonos_accel.triton"].disable_triton_ops()
+        if cute_gemv:
+            from zonos_accel.gemv import enable_cute_gemv
+
+            enable_cute_gemv()
+        elif cute_gemv is False and "zonos_accel.gemv" in sys.modules:
+            sys.modules["zonos_accel.gemv"].disable_cute_gemv()
         if cuda_graphs or (cuda_graphs is None and on_cuda):
             from zonos_accel.graph import enable_cuda_graphs
 
@@ -166,6 +184,31 @@ class Zonos(nn.Module):
             raise ValueError("\n".join(lines))
         state = {k: (v.to(device, dtype) if v.is_floating_point() else v.to(device)) for k, v in state.items()}
         self.load_state_dict(state, strict=True, assign=True)
+
+    @torch.no_grad()
+    def tie_heads(self) -> None:
+        """Make ``heads_weight`` the 9 heads' weights stacked, and each head's weight a view of it. Runs after
+        load_state_dict and casts (a no-op when already tied, so CUDA graphs that read it stay valid); call it
+        after replacing a head's weight tensor."""
+        rows = CODEBOOK_SIZE + 1
+        fused = self.heads_weight
+        if not fused.is_meta and all(
+            head.weight.dtype == fused.dtype
+            and head.weight.device == fused.device
+            and head.weight.shape == fused[:rows].shape
+            and head.weight.data_ptr() == fused[k * rows :].data_ptr()
+            for k, head in enumerate(self.heads)
+        ):
+            return
+        fused = torch.cat([head.weight for head in self.heads])
+        for k, head in enumerate(self.heads):
+            head.weight = nn.Parameter(fused[k * rows : (k + 1) * rows], requires_grad=head.weight.requires_grad)
+        self.heads_weight = fused
+
+    def _apply(self, fn, recurse=True):
+        super()._apply(fn, recurse)
+        self.tie_heads()  # a cast or move gives each head its own tensor again
+        return self
 
     @property
     def device(self) -> torch.device:
@@ -232,8 +275,8 @@ class Zonos(nn.Module):
         return sum(emb(codes[:, k]) for k, emb in enumerate(self.embeddings))
 
     def apply_heads(self, hidden: torch.Tensor) -> torch.Tensor:
-        """(b, d) → float logits (b, 9, 1025) over the codes and EOS."""
-        return torch.stack([head(hidden) for head in self.heads], dim=1).float()
+        """(b, d) → float logits (b, 9, 1025) over the codes and EOS (the 9 heads as one matrix product)."""
+        return ops.linear(hidden, self.heads_weight).unflatten(-1, (N_CODEBOOKS, CODEBOOK_SIZE + 1)).float()
 
     def _guided_logits(self, last_hidden: torch.Tensor, cfg_scale: float) -> torch.Tensor:
         """Heads, classifier-free guidance, then upstream's padding to ``logit_width`` with -inf columns."""
@@ -254,7 +297,12 @@ class Zonos(nn.Module):
         if cfg_scale != 1.0:
             codes = codes.repeat(2, 1, 1)
         hidden = torch.cat([prefix, self.embed_codes(codes)], dim=1)
-        return self._guided_logits(self.backbone(hidden, state)[:, -1], cfg_scale)
+        return self._guided_logits(self._backbone_prefill(hidden, state)[:, -1], cfg_scale)
+
+    def _backbone_prefill(self, hidden: torch.Tensor, state: InferenceState) -> torch.Tensor:
+        """The backbone over the prefill sequence (b, l, d) → (b, l, d). On CUDA, zonos_accel.graph installs a
+        runner on the instance that replays it as CUDA graphs of fixed-size pieces."""
+        return self.backbone(hidden, state)
 
     def _step(self, codes: torch.Tensor, state: InferenceState, cfg_scale: float) -> torch.Tensor:
         hidden = self.embed_codes(codes)
@@ -500,3 +548,7 @@ def _with_callback(
                 return
     finally:
         steps.close()
+
+
+def _tie_heads_after_load(model: Zonos, incompatible_keys) -> None:
+    model.tie_heads()

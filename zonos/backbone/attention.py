@@ -22,7 +22,8 @@ class KVCache:
 
 
 class Attention(nn.Module):
-    """mamba_ssm-style MHA: one fused qkv projection (q heads, then k heads, then v heads), rotary, SDPA."""
+    """mamba_ssm-style MHA: one fused qkv projection (q heads, then k heads, then v heads), rotary, and
+    attention over the KV cache."""
 
     def __init__(
         self,
@@ -51,7 +52,7 @@ class Attention(nn.Module):
 
     def _qkv(self, u: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         b, l, _ = u.shape
-        qkv = self.in_proj(u)
+        qkv = ops.linear(u, self.in_proj.weight, self.in_proj.bias)
         q, k, v = torch.split(
             qkv,
             [self.num_heads * self.head_dim, self.num_heads_kv * self.head_dim, self.num_heads_kv * self.head_dim],
@@ -64,30 +65,17 @@ class Attention(nn.Module):
             q, k = ops.rotary_qk(q, k, positions, self.rotary_dim, self.rotary_base, self.interleaved)
         return q, k, v
 
-    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | bool) -> torch.Tensor:
-        # (b, l, h, d) → (b, h, l, d) for SDPA; GQA shares each kv head among num_heads // num_heads_kv heads.
-        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-        if isinstance(mask, bool):
-            o = F.scaled_dot_product_attention(q, k, v, is_causal=mask, enable_gqa=True)
-        else:
-            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
-        b, _, l, _ = o.shape
-        return self.out_proj(o.transpose(1, 2).reshape(b, l, self.num_heads * self.head_dim))
-
-    def forward(self, u: torch.Tensor, cache: KVCache, start: int) -> torch.Tensor:
-        """Process (b, l, d) tokens at positions start..start+l-1, writing their keys and values to the cache."""
-        l = u.shape[1]
-        end = start + l
-        if end > cache.k.shape[1]:
-            raise ValueError(f"sequence of {end} tokens exceeds the allocated cache of {cache.k.shape[1]}")
-        q, k, v = self._qkv(u, torch.arange(start, end, device=u.device))
-        cache.k[:, start:end] = k
-        cache.v[:, start:end] = v
-        if start == 0:
-            return self._attend(q, k, v, True)
-        # Query i (absolute start + i) sees keys 0..start + i.
-        mask = torch.arange(end, device=u.device)[None, :] <= torch.arange(start, end, device=u.device)[:, None]
-        return self._attend(q, cache.k[:, :end], cache.v[:, :end], mask)
+    def forward(self, u: torch.Tensor, cache: KVCache, position: torch.Tensor) -> torch.Tensor:
+        """Process (b, l, d) tokens at positions ``position`` .. ``position + l - 1`` (``position`` a device
+        scalar), writing their keys and values to the cache; attends over the whole preallocated cache with
+        a causal mask, so the same kernels serve every position (graph-safe). The caller checks the bounds."""
+        b, l, _ = u.shape
+        positions = position + torch.arange(l, device=u.device)
+        q, k, v = self._qkv(u, positions)
+        cache.k.index_copy_(1, positions, k)
+        cache.v.index_copy_(1, positions, v)
+        o = ops.prefill_attention(q, cache.k, cache.v, position)
+        return ops.linear(o.reshape(b, l, self.num_heads * self.head_dim), self.out_proj.weight, self.out_proj.bias)
 
     def step(self, u: torch.Tensor, cache: KVCache, position: torch.Tensor) -> torch.Tensor:
         """One token (b, 1, d) at the device scalar ``position``; attends over the whole preallocated cache
@@ -96,7 +84,9 @@ class Attention(nn.Module):
         cache.k.index_copy_(1, position.view(1), k)
         cache.v.index_copy_(1, position.view(1), v)
         o = ops.decode_attention(q, cache.k, cache.v, position)
-        return self.out_proj(o.reshape(u.shape[0], 1, self.num_heads * self.head_dim))
+        return ops.linear(
+            o.reshape(u.shape[0], 1, self.num_heads * self.head_dim), self.out_proj.weight, self.out_proj.bias
+        )
 
 
 class GatedMLP(nn.Module):
@@ -108,5 +98,5 @@ class GatedMLP(nn.Module):
         self.fc2 = nn.Linear(hidden, d_model, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y, gate = self.fc1(x).chunk(2, dim=-1)
-        return self.fc2(y * F.silu(gate))
+        y, gate = ops.linear(x, self.fc1.weight).chunk(2, dim=-1)
+        return ops.linear(y * F.silu(gate), self.fc2.weight)

@@ -35,9 +35,12 @@ class Block(nn.Module):
         normed, residual = _add_norm(hidden, residual, self.norm2)
         return self.mlp(normed), residual
 
-    def forward(self, hidden, residual, cache, start: int):
+    def forward(self, hidden, residual, cache, position: torch.Tensor):
         normed, residual = _add_norm(hidden, residual, self.norm)
-        hidden = self.mixer(normed, cache, start)
+        if isinstance(self.mixer, Attention):
+            hidden = self.mixer(normed, cache, position)
+        else:
+            hidden = self.mixer(normed, cache)
         return self._mlp(hidden, residual)
 
     def step(self, hidden, residual, cache, position: torch.Tensor):
@@ -57,9 +60,11 @@ def _add_norm(hidden, residual, norm: nn.LayerNorm) -> tuple[torch.Tensor, torch
 class InferenceState:
     """Every layer's decode cache for ``batch_size`` sequences of up to ``max_seqlen`` tokens.
 
-    Tensors are allocated once and only written in place, so a CUDA graph of the decode step captured
-    against one state stays valid for every later request that reuses it. ``position`` is the number of
-    tokens consumed, kept both as a host int (for prefill slicing) and as a device scalar (for the step).
+    Tensors are allocated once and only written in place, so a CUDA graph of the decode step or of a
+    prefill piece captured against one state stays valid for every later request that reuses it. The
+    number of tokens consumed is kept twice: ``position``, a device scalar, is what the kernels read (the
+    KV rows to write and attend to), and ``seqlen``, a host int, is bookkeeping for bounds checks (a
+    replayed graph advances ``position`` itself; its runner advances ``seqlen``).
     """
 
     def __init__(self, caches: list[Mamba2Cache | KVCache], batch_size: int, max_seqlen: int, device: torch.device):
@@ -136,14 +141,20 @@ class ZonosBackbone(nn.Module):
         return _add_norm(hidden, residual, self.norm_f)[0]
 
     def forward(self, hidden: torch.Tensor, state: InferenceState) -> torch.Tensor:
-        """Prefill: (b, l, d) embeddings that follow the ``state.seqlen`` tokens already consumed → (b, l, d)."""
+        """Prefill: (b, l, d) embeddings that follow the tokens already consumed → (b, l, d).
+
+        The tokens go at ``state.position`` (a device scalar), which this advances on the device, so a
+        sequence may arrive in pieces of any sizes and each piece runs the same kernels at every position
+        (graph-safe: zonos_accel.graph replays one graph per piece size). A replayed graph does not run this
+        Python, so a graph runner advances ``state.seqlen`` itself.
+        """
         l = hidden.shape[1]
         self._check(hidden, state, l)
-        start, residual = state.seqlen, None
-        for layer, cache in zip(self.layers, state.caches):
-            hidden, residual = layer(hidden, residual, cache, start)
         state.seqlen += l
-        state.position.fill_(state.seqlen)
+        residual = None
+        for layer, cache in zip(self.layers, state.caches):
+            hidden, residual = layer(hidden, residual, cache, state.position)
+        state.position.add_(l)
         return self._final(hidden, residual)
 
     def step(self, hidden: torch.Tensor, state: InferenceState) -> torch.Tensor:

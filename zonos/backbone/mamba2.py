@@ -55,18 +55,42 @@ class Mamba2Mixer(nn.Module):
         self.norm = nn.Module()  # keeps the checkpoint name ``mixer.norm.weight``
         self.norm.weight = nn.Parameter(torch.empty(self.d_inner))
         self.out_proj = nn.Linear(self.d_inner, d_model, bias=False)
+        # The decay rates -exp(A_log), derived once rather than by three small kernels per layer per step. Not a
+        # buffer (a cast of the module would round it, and it stays out of the state dict): refresh_A derives it
+        # again after load_state_dict, casts and moves.
+        self.A: torch.Tensor | None = None
+        self.register_load_state_dict_post_hook(_refresh_A_after_load)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
         """Random initialization in mamba_ssm's ranges (real weights come from the checkpoint)."""
-        if self.dt_bias.is_meta:
-            return
-        with torch.no_grad():
-            dt = torch.exp(torch.rand(self.nheads) * (math.log(0.1) - math.log(0.001)) + math.log(0.001))
-            self.dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))  # inverse softplus
-            self.A_log.copy_(torch.log(torch.empty(self.nheads).uniform_(1, 16)))
-            self.D.fill_(1.0)
-            self.norm.weight.fill_(1.0)
+        if not self.dt_bias.is_meta:
+            with torch.no_grad():
+                dt = torch.exp(torch.rand(self.nheads) * (math.log(0.1) - math.log(0.001)) + math.log(0.001))
+                self.dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))  # inverse softplus
+                self.A_log.copy_(torch.log(torch.empty(self.nheads).uniform_(1, 16)))
+                self.D.fill_(1.0)
+                self.norm.weight.fill_(1.0)
+        self.refresh_A()
+
+    @torch.no_grad()
+    def refresh_A(self) -> None:
+        """A = -exp(A_log) in the compute dtype (float32, or float64 for a float64 A_log), as mamba_ssm
+        computes it at every call. Runs after load_state_dict and casts; call it after editing A_log in place.
+
+        Writes in place when the dtype and device are unchanged, so CUDA graphs that read A stay valid.
+        """
+        A, old = -torch.exp(self.A_log.to(ops.compute_dtype(self.A_log.dtype))), self.A
+        same = old is not None and (old.shape, old.dtype, old.device) == (A.shape, A.dtype, A.device)
+        if same and not A.is_meta and (not old.is_inference() or torch.is_inference_mode_enabled()):
+            old.copy_(A)
+        else:
+            self.A = A
+
+    def _apply(self, fn, recurse=True):
+        super()._apply(fn, recurse)
+        self.refresh_A()  # a cast of A_log (e.g. to bf16) must not round A: derive it again
+        return self
 
     def allocate_cache(self, batch_size: int, device: torch.device, dtype: torch.dtype) -> Mamba2Cache:
         return Mamba2Cache(
@@ -78,21 +102,25 @@ class Mamba2Mixer(nn.Module):
         return torch.split(zxbcdt, [self.d_inner, self.conv_dim, self.nheads], dim=-1)
 
     def _dt_A(self, dt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Step sizes softplus(dt + dt_bias) and decay rates -exp(A_log), in at least float32."""
+        """Step sizes softplus(dt + dt_bias) and decay rates A = -exp(A_log), in at least float32."""
         cdt = ops.compute_dtype(dt.dtype)
-        return F.softplus(dt.to(cdt) + self.dt_bias.to(cdt)), -torch.exp(self.A_log.to(cdt))
+        return F.softplus(dt.to(cdt) + self.dt_bias.to(cdt)), self.A.to(cdt)
 
     def _out(self, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         y = ops.gated_rms_norm(y, z, self.norm.weight, self.norm_eps, self.d_inner // self.ngroups)
-        return self.out_proj(y)
+        return ops.linear(y, self.out_proj.weight)
 
-    def forward(self, u: torch.Tensor, cache: Mamba2Cache, start: int) -> torch.Tensor:
-        """Process (b, l, d) tokens that follow ``start`` earlier ones; updates the cache."""
+    def forward(self, u: torch.Tensor, cache: Mamba2Cache) -> torch.Tensor:
+        """Process (b, l, d) tokens that follow the ones the cache has seen; updates the cache.
+
+        The conv's left context and the scan's initial state always come from the cache (zeros after
+        ``InferenceState.reset``), so the first piece of a sequence is not a special case and the same
+        kernels serve every position (graph-safe).
+        """
         b, l, _ = u.shape
-        z, xbc, dt = self._split(self.in_proj(u))
-        first = start == 0
-        new_context = conv_context(xbc, self.d_conv, None if first else cache.conv)
-        xbc = ops.causal_conv1d(xbc, self.conv1d.weight, self.conv1d.bias, None if first else cache.conv)
+        z, xbc, dt = self._split(ops.linear(u, self.in_proj.weight))
+        new_context = conv_context(xbc, self.d_conv, cache.conv)
+        xbc = ops.causal_conv1d(xbc, self.conv1d.weight, self.conv1d.bias, cache.conv)
         cache.conv.copy_(new_context)
         x, B, C = torch.split(xbc, [self.d_inner, self.ngroups * self.d_state, self.ngroups * self.d_state], dim=-1)
         y, final = ops.ssd_scan(
@@ -102,7 +130,7 @@ class Mamba2Mixer(nn.Module):
             C.reshape(b, l, self.ngroups, self.d_state),
             self.chunk_size,
             D=self.D,
-            initial_state=None if first else cache.ssm,
+            initial_state=cache.ssm,
         )
         cache.ssm.copy_(final)
         return self._out(y.reshape(b, l, self.d_inner), z)
@@ -110,14 +138,14 @@ class Mamba2Mixer(nn.Module):
     def step(self, u: torch.Tensor, cache: Mamba2Cache) -> torch.Tensor:
         """One token (b, 1, d) → (b, 1, d), updating the cache in place (no host work, graph-safe)."""
         b = u.shape[0]
-        z, xbc, dt = self._split(self.in_proj(u[:, 0]))
+        z, xbc, dt = self._split(ops.linear(u[:, 0], self.in_proj.weight))
         xbc = ops.conv_step(cache.conv, xbc, self.conv1d.weight, self.conv1d.bias)
         x, B, C = torch.split(xbc, [self.d_inner, self.ngroups * self.d_state, self.ngroups * self.d_state], dim=-1)
         y = ops.ssd_step(
             cache.ssm,
             x.reshape(b, self.nheads, self.headdim),
             dt,  # softplus(dt + dt_bias) inside the op, as _dt_A computes it for prefill
-            -torch.exp(self.A_log.to(ops.compute_dtype(dt.dtype))),
+            self.A.to(ops.compute_dtype(dt.dtype)),
             B.reshape(b, self.ngroups, self.d_state),
             C.reshape(b, self.ngroups, self.d_state),
             D=self.D,
@@ -125,3 +153,7 @@ class Mamba2Mixer(nn.Module):
             dt_softplus=True,
         )
         return self._out(y.reshape(b, 1, self.d_inner), z[:, None])
+
+
+def _refresh_A_after_load(mixer: Mamba2Mixer, incompatible_keys) -> None:
+    mixer.refresh_A()

@@ -4,8 +4,9 @@ Each function here is the specification a fast path (Triton, CuTeDSL) must equal
 fast paths against these on fresh random inputs.
 """
 
-from zonos.ops.attention import decode_attention
+from zonos.ops.attention import decode_attention, prefill_attention
 from zonos.ops.conv import causal_conv1d, conv_step
+from zonos.ops.linear import linear
 from zonos.ops.norms import add_layer_norm, gated_rms_norm
 from zonos.ops.precision import compute_dtype
 from zonos.ops.rotary import apply_rotary, rotary_cos_sin, rotary_qk
@@ -19,6 +20,8 @@ __all__ = [
     "conv_step",
     "decode_attention",
     "gated_rms_norm",
+    "linear",
+    "prefill_attention",
     "rotary_cos_sin",
     "rotary_qk",
     "ssd_scan",

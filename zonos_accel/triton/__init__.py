@@ -11,6 +11,7 @@ device still run the reference, so a CPU model in the same process is unaffected
 | ``ssd_scan`` | ``mamba_chunk_scan_combined`` | mamba_ssm |
 | ``conv_step`` | one kernel: shift, conv, bias, SiLU | ours (:mod:`.conv`) |
 | ``decode_attention`` | split-K GQA over rows ≤ position | ours (:mod:`.attention`) |
+| ``prefill_attention`` | flash-style causal GQA over rows ≤ position + i | ours (:mod:`.attention`) |
 | ``add_layer_norm`` | residual add + LayerNorm, one kernel | ours (:mod:`.norms`) |
 | ``rotary_qk`` | cos/sin in place, one launch per tensor | ours (:mod:`.rotary`) |
 """
@@ -31,6 +32,7 @@ _SOURCES = {
     "ssd_scan": ("zonos_accel.triton.mamba", "ssd_combined"),
     "conv_step": ("zonos_accel.triton.conv", None),
     "decode_attention": ("zonos_accel.triton.attention", None),
+    "prefill_attention": ("zonos_accel.triton.attention", None),
     "add_layer_norm": ("zonos_accel.triton.norms", None),
     "rotary_qk": ("zonos_accel.triton.rotary", None),
 }

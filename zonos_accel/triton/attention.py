@@ -1,12 +1,15 @@
-"""Decode attention (``zonos.ops.decode_attention``) as a split-K Triton kernel that reads only the
-cache rows up to the current position.
+"""Attention against the KV cache (``zonos.ops.decode_attention``, ``zonos.ops.prefill_attention``) as Triton
+kernels that read only the cache rows up to the current position.
 
-The reference masks the whole preallocated cache (max_seqlen rows) so its shapes stay fixed for CUDA
-graphs, and SDPA with a mask and GQA falls back to the math kernels, which also expand the kv heads. Here
-the grid is fixed too (batch × kv heads × splits of the cache), but each program reads ``position`` from
-the device and loops only over the rows at or before it, so the bytes read grow with the sequence, not
-with max_seqlen. Each program handles every query head of its kv head (GQA without copies) with an
-online softmax in float32; a second kernel merges the splits.
+The references mask the whole preallocated cache (max_seqlen rows) so their shapes stay fixed for CUDA
+graphs, and SDPA with a mask and GQA falls back to the math kernels, which also expand the kv heads. The
+grids here are fixed too, but each program reads the position from the device and loops only over the
+rows its queries see, so the bytes read grow with the sequence, not with max_seqlen.
+
+- Decode (one token): programs over batch × kv heads × splits of the cache; each handles every query head
+  of its kv head (GQA without copies) with an online softmax in float32; a second kernel merges the splits.
+- Prefill (n tokens): one program per block of query tokens of one (sequence, query head), an online
+  softmax over key blocks with tensor-core products (float32 inputs in full precision, not TF32).
 """
 
 from __future__ import annotations
@@ -194,5 +197,124 @@ def decode_attention(
         D=d,
         DP=dp,
         SB=MERGE_BLOCK,
+    )
+    return out
+
+
+# Prefill runs a few times per request, so fixed tiles rather than autotuning.
+PREFILL_BLOCK_N = 64  # key rows per loop iteration
+PREFILL_MAX_BLOCK_M = 64  # query tokens per program (fewer for short pieces, at least a 16-row tile)
+
+
+@triton.jit
+def _prefill_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    o_ptr,
+    pos_ptr,
+    scale,
+    n,
+    heads,
+    group,
+    stride_qb,
+    stride_ql,
+    stride_qh,
+    stride_kb,
+    stride_ks,
+    stride_kh,
+    stride_vb,
+    stride_vs,
+    stride_vh,
+    stride_ob,
+    stride_ol,
+    stride_oh,
+    D: tl.constexpr,
+    DP: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    block = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // heads
+    hq = bh % heads
+    hk = hq // group
+    first = tl.load(pos_ptr)  # cache row of the piece's first token
+    i = block * BLOCK_M + tl.arange(0, BLOCK_M)  # query tokens of this program, within the piece
+    d = tl.arange(0, DP)
+    i_ok = i < n
+    d_ok = d < D
+    q = tl.load(
+        q_ptr + b * stride_qb + i[:, None] * stride_ql + hq * stride_qh + d[None, :],
+        mask=i_ok[:, None] & d_ok[None, :],
+        other=0.0,
+    )
+    last = first + i  # query i sees rows 0 .. first + i
+    end = first + tl.minimum(n, (block + 1) * BLOCK_M)  # rows any real query of the block sees: [0, end)
+    m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+    l = tl.zeros((BLOCK_M,), tl.float32)
+    acc = tl.zeros((BLOCK_M, DP), tl.float32)
+    for s0 in range(0, end, BLOCK_N):
+        s = s0 + tl.arange(0, BLOCK_N)
+        s_ok = s < end
+        kv_mask = s_ok[:, None] & d_ok[None, :]
+        k_rows = k_ptr + b * stride_kb + s[:, None] * stride_ks + hk * stride_kh
+        k = tl.load(k_rows + d[None, :], mask=kv_mask, other=0.0)
+        scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale  # (BLOCK_M, BLOCK_N) in float32
+        # Row 0 is visible to every query (padding queries past n included), so no row is all -inf.
+        scores = tl.where((s[None, :] <= last[:, None]) & s_ok[None, :], scores, float("-inf"))
+        m_new = tl.maximum(m, tl.max(scores, axis=1))
+        p = tl.exp(scores - m_new[:, None])
+        alpha = tl.exp(m - m_new)
+        l = l * alpha + tl.sum(p, axis=1)
+        v_rows = v_ptr + b * stride_vb + s[:, None] * stride_vs + hk * stride_vh
+        v = tl.load(v_rows + d[None, :], mask=kv_mask, other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        m = m_new
+    out = acc / l[:, None]
+    o_rows = o_ptr + b * stride_ob + i[:, None] * stride_ol + hq * stride_oh + d[None, :]
+    tl.store(o_rows, out.to(o_ptr.dtype.element_ty), mask=i_ok[:, None] & d_ok[None, :])
+
+
+def prefill_attention(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, position: torch.Tensor
+) -> torch.Tensor:
+    """Same contract as :func:`zonos.ops.attention.prefill_attention` (the reference it is tested against)."""
+    b, n, hq, d = q.shape
+    hkv = k_cache.shape[2]
+    if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
+        raise ValueError("prefill_attention needs caches contiguous in the head dimension")
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    out = torch.empty(b, n, hq, d, device=q.device, dtype=q.dtype)
+    block_m = min(PREFILL_MAX_BLOCK_M, max(16, triton.next_power_of_2(n)))
+    _prefill_kernel[(triton.cdiv(n, block_m), b * hq)](
+        q,
+        k_cache,
+        v_cache,
+        out,
+        position,
+        1.0 / math.sqrt(d),
+        n,
+        hq,
+        hq // hkv,
+        q.stride(0),
+        q.stride(1),
+        q.stride(2),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        v_cache.stride(0),
+        v_cache.stride(1),
+        v_cache.stride(2),
+        out.stride(0),
+        out.stride(1),
+        out.stride(2),
+        D=d,
+        DP=max(16, triton.next_power_of_2(d)),
+        BLOCK_M=block_m,
+        BLOCK_N=PREFILL_BLOCK_N,
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
     )
     return out

@@ -1,0 +1,212 @@
+"""The CuTeDSL GEMV behind ``zonos.ops.linear`` on the CPU: which calls it takes, the errors that name what
+is missing, and its work split (every weight vector read exactly once, for every Zonos shape and ragged
+ones). The kernel itself runs in tests/test_gpu_gemv.py."""
+
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import zonos.ops
+import zonos_accel.gemv as cute_gemv
+from zonos.ops.linear import linear as reference_linear
+from zonos_accel.gemv.config import MAX_ROWS, VEC, WARP, candidate_configs, cdiv, gemv_config
+
+# Zonos-v0.1-hybrid (N, K): Mamba2 in/out, attention qkv/out, MLP fc1/fc2, the 9 heads fused.
+ZONOS_SHAPES = [(8512, 2048), (2048, 4096), (3072, 2048), (2048, 2048), (16384, 2048), (2048, 8192), (9225, 2048)]
+RAGGED_SHAPES = [(1000, 2056), (1000, 2040), (100, 8200), (24, 16384), (7, 8), (1, 24)]
+
+
+@pytest.fixture(autouse=True)
+def _reference_after():
+    yield
+    cute_gemv.disable_cute_gemv()
+
+
+def test_reference_is_f_linear():
+    x, w, b = torch.randn(3, 5, 16), torch.randn(7, 16), torch.randn(7)
+    assert torch.equal(zonos.ops.linear(x, w), F.linear(x, w))
+    assert torch.equal(zonos.ops.linear(x, w, b), F.linear(x, w, b))
+    assert zonos.ops.linear is reference_linear
+
+
+def test_enable_without_cuda_names_it(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(RuntimeError, match="needs a CUDA device"):
+        cute_gemv.enable_cute_gemv()
+    assert zonos.ops.linear is reference_linear
+
+
+def test_enable_without_cutlass_names_it(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setitem(sys.modules, "cutlass", None)  # makes `import cutlass` fail
+    monkeypatch.delitem(sys.modules, "zonos_accel.gemv.kernel", raising=False)
+    with pytest.raises(ImportError, match="nvidia-cutlass-dsl"):
+        cute_gemv.enable_cute_gemv()
+    assert not cute_gemv.cute_gemv_enabled()
+
+
+def test_gemv_refuses_cpu_tensors():
+    with pytest.raises(ValueError, match="CUDA device"):
+        cute_gemv.gemv(torch.randn(2, 16, dtype=torch.bfloat16), torch.randn(8, 16, dtype=torch.bfloat16))
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    """Pretend the CPU is a CUDA device with the kernel installed; record which calls reach the kernel."""
+    calls = []
+
+    def fake_gemv(x, weight, out=None, config=None):
+        calls.append(tuple(x.shape))
+        return F.linear(x, weight)
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(cute_gemv, "kernel_module", lambda: None)
+    monkeypatch.setattr(cute_gemv, "_same_cuda_device", lambda x, weight: True)
+    monkeypatch.setattr(cute_gemv, "gemv", fake_gemv)
+    return calls
+
+
+def _bf16(*shape):
+    return torch.randn(*shape).to(torch.bfloat16)
+
+
+@torch.no_grad()
+def test_decode_shaped_calls_reach_the_kernel(fake_gpu):
+    cute_gemv.enable_cute_gemv()
+    assert cute_gemv.cute_gemv_enabled()
+    w = _bf16(48, 64)
+    for x in (_bf16(2, 64), _bf16(2, 1, 64), _bf16(1, 64), _bf16(MAX_ROWS, 64), _bf16(4, 4, 64)):
+        assert torch.equal(zonos.ops.linear(x, w), F.linear(x, w))
+    assert fake_gpu == [(2, 64), (2, 1, 64), (1, 64), (MAX_ROWS, 64), (4, 4, 64)]
+
+
+@torch.no_grad()
+def test_other_calls_keep_the_reference(fake_gpu):
+    cute_gemv.enable_cute_gemv()
+    w = _bf16(48, 64)
+    zonos.ops.linear(_bf16(MAX_ROWS + 1, 64), w)  # prefill-sized
+    zonos.ops.linear(_bf16(2, 1, 64).expand(2, 9, 64), w)  # 18 rows
+    zonos.ops.linear(torch.randn(2, 64), w.float())  # fp32
+    with pytest.raises(RuntimeError):  # mixed dtypes: the reference's own error
+        zonos.ops.linear(_bf16(2, 64), w.half())
+    zonos.ops.linear(_bf16(2, 12), _bf16(48, 12))  # K not a multiple of 8
+    zonos.ops.linear(_bf16(2, 64), _bf16(64, 48).t())  # non-contiguous weight
+    zonos.ops.linear(_bf16(2, 64), _bf16(48 * 64 + 1)[1:].view(48, 64))  # weight not 16-byte aligned
+    zonos.ops.linear(_bf16(0, 64), w)  # no rows
+    assert fake_gpu == []
+
+
+def test_autograd_keeps_the_reference(fake_gpu):
+    cute_gemv.enable_cute_gemv()
+    w = _bf16(48, 64).requires_grad_()
+    zonos.ops.linear(_bf16(2, 64), w).float().sum().backward()
+    assert fake_gpu == [] and w.grad is not None
+    with torch.no_grad():
+        zonos.ops.linear(_bf16(2, 64), w)
+    assert fake_gpu == [(2, 64)]
+
+
+@torch.no_grad()
+def test_bias_and_row_limit(fake_gpu):
+    cute_gemv.enable_cute_gemv(max_rows=4)
+    x, w, b = _bf16(4, 64), _bf16(48, 64), _bf16(48)
+    assert torch.equal(zonos.ops.linear(x, w, b), F.linear(x, w) + b)
+    zonos.ops.linear(_bf16(5, 64), w)
+    assert fake_gpu == [(4, 64)]
+    cute_gemv.disable_cute_gemv()
+    zonos.ops.linear(x, w)
+    assert fake_gpu == [(4, 64)] and zonos.ops.linear is reference_linear
+
+
+@torch.no_grad()
+def test_real_cpu_tensors_never_reach_the_kernel(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(cute_gemv, "kernel_module", lambda: None)
+    cute_gemv.enable_cute_gemv()
+    x, w = _bf16(2, 64), _bf16(48, 64)
+    assert not cute_gemv.supports(x, w)
+    assert torch.equal(zonos.ops.linear(x, w), F.linear(x, w))
+
+
+def _split_cases():
+    for n, k in ZONOS_SHAPES:
+        for m in (1, 2, 4):
+            yield m, n, k, gemv_config(m, n, k)
+        for cfg in candidate_configs(2, n, k)[2:]:  # the first two (plain and streaming loads) index alike
+            yield 2, n, k, cfg
+    for n, k in RAGGED_SHAPES + [(3072, 2048)]:
+        for m in (1, 2, 3, 8, 16):
+            yield m, n, k, gemv_config(m, n, k)
+    for n, k in RAGGED_SHAPES[:3]:
+        for cfg in candidate_configs(2, n, k)[2:]:
+            yield 2, n, k, cfg
+
+
+@pytest.mark.parametrize("m,n,k,cfg", list(_split_cases()))
+def test_split_reads_every_weight_vector_once(m, n, k, cfg):
+    """Replays the kernel's index map (the same GemvConfig methods it calls) over every lane of the grid."""
+    cfg.check(m, n, k)
+    kvecs = k // VEC
+    # Row blocks are alike: 64 of them (and the ragged tail, if any) stand for all, keeping the test fast.
+    n = min(n, n % cfg.rows_per_cta + 64 * cfg.rows_per_cta)
+    assert cfg.threads <= 1024 and cfg.splits <= cdiv(cdiv(kvecs, WARP * cfg.vecs), cfg.warps_k)
+    sizes = (cfg.row_blocks(n), cfg.splits, cfg.warps_n, cfg.warps_k, WARP, cfg.iters(k), cfg.vecs, cfg.rows)
+    block, split, group, warp_k, lane, it, v, r = (
+        torch.arange(size).view([-1 if d == i else 1 for d in range(len(sizes))]) for i, size in enumerate(sizes)
+    )
+    row = (cfg.first_row(block, group) + r).expand(sizes)
+    kv = cfg.kvec(it, split, warp_k, lane, v).expand(sizes)
+    if cfg.k_exact(k):
+        assert (kv < kvecs).all()
+    if cfg.n_exact(n):
+        assert (row < n).all()
+    inside = (row < n) & (kv < kvecs)
+    counts = torch.bincount((row * kvecs + kv)[inside], minlength=n * kvecs)
+    assert counts.numel() == n * kvecs and (counts == 1).all()
+    # Each (row, split) is summed by exactly one CTA: a row block's warps_n groups own disjoint rows.
+    first_lane = (row < n) & (warp_k == 0) & (lane == 0) & (it == 0) & (v == 0)
+    owners = torch.bincount((row * cfg.splits + split.expand(sizes))[first_lane])
+    assert (owners == 1).all() and owners.numel() == n * cfg.splits
+
+
+def test_default_split_fills_the_gpu():
+    """No split-K for Zonos shapes (enough row blocks); split-K where the rows alone leave SMs idle."""
+    for n, k in ZONOS_SHAPES:
+        for m in (1, 2, 4):
+            cfg = gemv_config(m, n, k)
+            assert cfg.splits == 1 and cfg.row_blocks(n) >= 264 and cfg.threads >= 128
+    assert gemv_config(2, 100, 8200).splits > 1
+    assert gemv_config(1, 24, 16384).splits > 1
+
+
+def test_config_rejects_what_the_kernel_cannot_do():
+    with pytest.raises(ValueError, match="multiple of 8"):
+        gemv_config(2, 64, 12).check(2, 64, 12)
+    cfg = gemv_config(2, 64, 2048)
+    with pytest.raises(ValueError, match="splits"):
+        type(cfg)(vecs=8, rows=1, warps_k=1, warps_n=4, splits=2).check(2, 64, 2048)
+
+
+@pytest.mark.parametrize("m,n,k,stream_loads", [(2, 8512, 2048, False), (2, 9225, 2048, True), (3, 1000, 2056, False)])
+def test_kernel_compiles_for_hopper(m, n, k, stream_loads, tmp_path):
+    """With nvidia-cutlass-dsl installed, the kernel compiles to sm_90a PTX and cubin without a GPU."""
+    if torch.cuda.is_available():
+        pytest.skip("the GPU tests compile and run the kernel")
+    pytest.importorskip("cutlass")
+    from dataclasses import replace
+
+    from zonos_accel.gemv import kernel
+
+    cfg = replace(gemv_config(m, n, k), stream_loads=stream_loads)
+    bf16 = kernel.CUTE_DTYPES[torch.bfloat16]
+    options = f"--gpu-arch sm_90a --keep-ptx --keep-cubin --dump-dir {tmp_path}"
+    kernel.compile_gemv(bf16, m, n, k, cfg, kernel.launch_args(bf16, 16, 16, 16, 16, 0), options)
+    ptx = "".join(p.read_text(errors="replace") for p in tmp_path.glob("*.ptx"))
+    assert ".target sm_90a" in ptx and list(tmp_path.glob("*.cubin"))
+    loads = "ld.global.nc.L1::no_allocate.L2::256B.v4.b32" if stream_loads else "ld.global.v4.b32"
+    vectors = cdiv(cdiv(k // VEC, WARP * cfg.vecs), cfg.warps_k * cfg.splits) * cfg.vecs
+    assert ptx.count(loads) >= vectors * cfg.rows  # every weight load is one 128-bit load
+    # hoist_loads: the first iteration's weight loads all come before the barrier that no load crosses
+    assert ptx.split("bar.sync")[0].count(loads) == cfg.vecs * cfg.rows

@@ -1,0 +1,154 @@
+"""Work split of the skinny GEMV (:mod:`zonos_accel.gemv.kernel`): the tuning table, in one place.
+
+Pure Python (no CuTeDSL import), so the CPU tests can check every split covers its problem.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+VEC = 8  # 16-bit elements per 128-bit load
+WARP = 32
+NUM_SMS = 132  # H200 SXM
+
+
+@dataclass(frozen=True)
+class GemvConfig:
+    """How one (M, N, K) problem is split over lanes, warps and CTAs.
+
+    - a lane loads ``vecs`` 128-bit vectors of each of its warp's ``rows`` weight rows per warp-chunk
+      (``32 * vecs`` vectors of a row, contiguous), and the matching vectors of every x row;
+    - a CTA has ``warps_k`` warps side by side along K (same rows, consecutive chunks) times ``warps_n``
+      groups of them on different rows: ``rows * warps_n`` rows per CTA;
+    - ``splits`` CTAs along grid y share a row block's chunks (split-K); each writes fp32 partials and a
+      second kernel sums them in a fixed order (deterministic);
+    - ``hoist_loads``: a CTA barrier after each iteration's weight loads, which no load crosses, so all of
+      them are in flight before the first FMA (without it, ptxas interleaves loads and FMAs to save
+      registers, and a warp waits on DRAM several times in a row; with it, more registers per thread);
+    - ``stream_loads``: weight loads as ``ld.global.nc.L1::no_allocate.L2::256B`` (read-only, no L1
+      allocation, 256-byte L2 prefetch) instead of plain ``ld.global``;
+    - ``pdl``: programmatic dependent launch. The kernel may start while the previous kernel on the stream
+      drains: it issues its first weight loads (weights are never written during a decode step), then
+      waits for the previous grid (``griddepcontrol.wait``) before reading x or writing anything, and lets
+      the next kernel launch once all its CTAs have issued their loads. Hides the launch gap and tail
+      between consecutive kernels, inside CUDA graphs too.
+    """
+
+    vecs: int
+    rows: int
+    warps_k: int
+    warps_n: int
+    splits: int = 1
+    hoist_loads: bool = True
+    stream_loads: bool = False
+    pdl: bool = False
+
+    @property
+    def threads(self) -> int:
+        return WARP * self.warps_k * self.warps_n
+
+    # The kernel's index map, in plain arithmetic so the same code runs on the device's Int32 values and on
+    # the CPU tests' tensors (which check that every weight vector is read exactly once).
+
+    def first_row(self, block_n, group):
+        """First weight row of row group ``group`` (0..warps_n-1) in CTA ``block_n``."""
+        return (block_n * self.warps_n + group) * self.rows
+
+    def kvec(self, it, split, warp_k, lane, v):
+        """The 128-bit vector (index along K / 8) a lane loads for iteration ``it`` and vector ``v``."""
+        return ((it * self.splits + split) * self.warps_k + warp_k) * (WARP * self.vecs) + v * WARP + lane
+
+    def iters(self, k: int) -> int:
+        """Warp-chunks each warp walks (the kernel unrolls them)."""
+        return cdiv(cdiv(k // VEC, WARP * self.vecs), self.warps_k * self.splits)
+
+    def row_blocks(self, n: int) -> int:
+        return cdiv(n, self.rows_per_cta)
+
+    def k_exact(self, k: int) -> bool:
+        """Every vector index the lanes reach is inside K (no predicate on the loads)."""
+        return self.iters(k) * self.splits * self.warps_k * WARP * self.vecs == k // VEC
+
+    def n_exact(self, n: int) -> bool:
+        """Every row the warps reach is inside N (no clamp, no store predicate)."""
+        return n % self.rows_per_cta == 0
+
+    @property
+    def rows_per_cta(self) -> int:
+        return self.rows * self.warps_n
+
+    def check(self, m: int, n: int, k: int) -> None:
+        """Raise ValueError if this split cannot compute x (m, k) · W (n, k)ᵀ."""
+        if k % VEC:
+            raise ValueError(f"K = {k} must be a multiple of {VEC} (rows are read as 128-bit vectors)")
+        if min(self.vecs, self.rows, self.warps_k, self.warps_n, self.splits, m, n, k) < 1:
+            raise ValueError(f"{self} for M={m}, N={n}, K={k}: every size must be positive")
+        if self.threads > 1024:
+            raise ValueError(f"{self}: {self.threads} threads per CTA exceed 1024")
+        if self.warps_k > 1 and m * self.rows * self.warps_n > self.threads:
+            raise ValueError(
+                f"{self}: {m * self.rows * self.warps_n} partial sums (M * rows * warps_n) exceed the threads"
+            )
+        per_warp = cdiv(cdiv(k // VEC, WARP * self.vecs), self.warps_k)
+        if self.splits > per_warp:
+            raise ValueError(f"{self}: {self.splits} splits for {per_warp} chunks per warp")
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+# (vecs, rows) per lane by the number M of x rows. A lane holds rows * vecs weight vectors (8 = 128 B in
+# flight per lane) and M * vecs x vectors; its x vectors serve each of its rows, its weight vectors each
+# of the M rows of x. First guess from register budgets (56-80 registers at M <= 4 and K <= 4096, so 6-8
+# CTAs of 128 threads fit an SM); benchmarks/gemv.py sweeps the alternatives on the H200 and prints which won.
+LANE_TILES = {1: (8, 1), 2: (4, 2), 3: (2, 4), 4: (2, 4)}
+MIN_WARPS_PER_CTA = 4
+MAX_WARPS_K = 4
+MIN_CTAS = 2 * NUM_SMS  # fewer row blocks than this: split K across CTAs
+MAX_ROWS = 16  # decode-shaped: the largest M routed to the kernel (prefill stays on cuBLAS)
+
+
+def lane_tile(m: int) -> tuple[int, int]:
+    if m in LANE_TILES:
+        return LANE_TILES[m]
+    return (1, 4) if m <= 8 else (1, 2)
+
+
+def gemv_config(m: int, n: int, k: int, vecs: int | None = None, rows: int | None = None) -> GemvConfig:
+    """The work split for x (m, k) · W (n, k)ᵀ (``vecs``/``rows`` override the lane tile)."""
+    tile = lane_tile(m)
+    vecs, rows = vecs or tile[0], rows or tile[1]
+    chunks = cdiv(k // VEC, WARP * vecs)
+    warps_k = min(chunks, MAX_WARPS_K)
+    warps_n = max(1, MIN_WARPS_PER_CTA // warps_k)
+    row_blocks = cdiv(n, rows * warps_n)
+    per_warp = cdiv(chunks, warps_k)
+    splits = 1
+    if row_blocks < MIN_CTAS and per_warp > 1:
+        splits = min(per_warp, cdiv(MIN_CTAS, row_blocks))
+        splits = cdiv(per_warp, cdiv(per_warp, splits))  # no split left without a chunk
+    return GemvConfig(vecs=vecs, rows=rows, warps_k=warps_k, warps_n=warps_n, splits=splits)
+
+
+def candidate_configs(m: int, n: int, k: int) -> list[GemvConfig]:
+    """The default split and the alternatives ``benchmarks/gemv.py`` times against it."""
+    base = gemv_config(m, n, k)
+    vecs, rows = lane_tile(m)
+    out = [base, replace(base, hoist_loads=False), replace(base, stream_loads=True)]
+    if vecs > 1:  # half the vectors per row, twice the rows: fewer, longer-lived x registers per row
+        out.append(gemv_config(m, n, k, vecs=vecs // 2, rows=rows * 2))
+    if rows > 1:  # the other way round
+        out.append(gemv_config(m, n, k, vecs=vecs * 2, rows=rows // 2))
+    if base.splits == 1 and cdiv(cdiv(k // VEC, WARP * base.vecs), base.warps_k) > 1:
+        out.append(replace(base, splits=2))
+    out.append(replace(base, pdl=True))
+    unique = []
+    for c in out:
+        try:
+            c.check(m, n, k)
+        except ValueError:
+            continue
+        if c not in unique:
+            unique.append(c)
+    return unique

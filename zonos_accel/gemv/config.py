@@ -41,7 +41,9 @@ class GemvConfig:
     splits: int = 1
     hoist_loads: bool = True
     stream_loads: bool = False
-    pdl: bool = False
+    # On by default: the whole-step projections at M = 2 took 0.996 ms with it against 1.143 ms without
+    # (cuBLAS 1.241 ms); H200, benchmarks/gemv.py, 2026-11-30.
+    pdl: bool = True
 
     @property
     def threads(self) -> int:
@@ -142,7 +144,7 @@ def candidate_configs(m: int, n: int, k: int) -> list[GemvConfig]:
         out.append(gemv_config(m, n, k, vecs=vecs * 2, rows=rows // 2))
     if base.splits == 1 and cdiv(cdiv(k // VEC, WARP * base.vecs), base.warps_k) > 1:
         out.append(replace(base, splits=2))
-    out.append(replace(base, pdl=True))
+    out.append(replace(base, pdl=False))
     unique = []
     for c in out:
         try:

@@ -77,9 +77,9 @@ def test_decode_shaped_calls_reach_the_kernel(fake_gpu):
     cute_gemv.enable_cute_gemv()
     assert cute_gemv.cute_gemv_enabled()
     w = _bf16(48, 64)
-    for x in (_bf16(2, 64), _bf16(2, 1, 64), _bf16(1, 64), _bf16(MAX_ROWS, 64), _bf16(4, 4, 64)):
+    for x in (_bf16(2, 64), _bf16(2, 1, 64), _bf16(1, 64), _bf16(MAX_ROWS, 64), _bf16(2, 2, 64)):
         assert torch.equal(zonos.ops.linear(x, w), F.linear(x, w))
-    assert fake_gpu == [(2, 64), (2, 1, 64), (1, 64), (MAX_ROWS, 64), (4, 4, 64)]
+    assert fake_gpu == [(2, 64), (2, 1, 64), (1, 64), (MAX_ROWS, 64), (2, 2, 64)]
 
 
 @torch.no_grad()

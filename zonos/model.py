@@ -109,7 +109,7 @@ class Zonos(nn.Module):
                 tensors only). None: on when the device is CUDA and ``zonos-accel[gpu]`` is installed.
             cuda_graphs: replay the decode step as a CUDA graph captured once and reused across requests.
                 None: on when the device is CUDA.
-            use_cute_gemv: decode-shaped projections (≤ 16 rows) through our CuTeDSL GEMV instead of cuBLAS
+            use_cute_gemv: decode-shaped projections (≤ 4 rows) through our CuTeDSL GEMV instead of cuBLAS
                 (needs ``nvidia-cutlass-dsl``; process-wide; prefill stays on cuBLAS).
         """
         if backbone not in (None, "torch", "mamba_ssm"):

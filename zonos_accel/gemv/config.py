@@ -108,7 +108,9 @@ LANE_TILES = {1: (8, 1), 2: (4, 2), 3: (2, 4), 4: (2, 4)}
 MIN_WARPS_PER_CTA = 4
 MAX_WARPS_K = 4
 MIN_CTAS = 2 * NUM_SMS  # fewer row blocks than this: split K across CTAs
-MAX_ROWS = 16  # decode-shaped: the largest M routed to the kernel (prefill stays on cuBLAS)
+# The largest M routed to the kernel (prefill stays on cuBLAS). At M = 8 and 16 cuBLAS wins (in_proj 0.71x
+# and 0.39x; H200, benchmarks/gemv.py, 2026-11-30); decode runs M = 2 (batch 1 with CFG).
+MAX_ROWS = 4
 
 
 def lane_tile(m: int) -> tuple[int, int]:

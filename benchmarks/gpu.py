@@ -20,6 +20,19 @@ def real_size_model(max_seqlen: int = 4096):
     return model
 
 
+def tiny_model(max_seqlen: int = 512, seed: int = 0, autoencoder=None):
+    """The CPU tests' tiny hybrid (``tests/tiny.py``) in fp32 on the CPU with random weights, for the
+    ``--device cpu --tiny`` smoke runs of GPU benchmarks (needs the repository root on the path)."""
+    from tests.tiny import random_state_dict, tiny_config
+    from zonos.config import ZonosConfig
+    from zonos.model import Zonos
+
+    torch.manual_seed(seed)
+    model = Zonos(ZonosConfig.from_dict(tiny_config("hybrid")), autoencoder=autoencoder, max_seqlen=max_seqlen)
+    model.load_state_dict(random_state_dict(model, seed))
+    return model.eval()
+
+
 def event_times(fn, repeat: int, warmup: int = 3) -> list[float]:
     """GPU milliseconds of each of ``repeat`` calls of ``fn`` (CUDA events, no host sync between calls)."""
     for _ in range(warmup):

@@ -1,0 +1,326 @@
+"""First request in a fresh process: time from process start to model ready and to the first frame, with
+cold and warm kernel caches (issue 4).
+
+The parent launches one child process per case and reads back its timestamps (``time.perf_counter``, which
+is CLOCK_MONOTONIC on Linux, so the parent's spawn time and the child's stamps share one clock). A child:
+
+1. imports torch, zonos and the accelerator packages (zonos_accel.graph, zonos_accel.triton → triton and
+   mamba_ssm; with ``--cute-gemv`` also the CuTeDSL kernel module);
+2. builds the model: real-size Zonos-v0.1-hybrid with random bf16 weights (``benchmarks/common.py:
+   random_model``), EOS suppressed, a random real-size DAC 44.1 kHz codec, then ``model.use_accelerators()``
+   as ``from_local`` does (Triton fast ops and CUDA graphs on; the checkpoint read of ``from_local`` is not
+   part of this), synchronized: "model ready";
+3. runs two streamed requests (``generate(..., stream=True)``, batch 1 with CFG, a random (2, 120, 2048)
+   prefix in place of text conditioning, so no espeak) and stops each at its first audio chunk, stamping
+   prefill done, first decode step (device synchronized at both) and the first chunk with audio.
+
+Cases (``--cases``): ``cold`` runs with empty TRITON_CACHE_DIR, TORCHINDUCTOR_CACHE_DIR and
+CUTE_DSL_CACHE_DIR in a temporary directory; ``warm`` is a second process on the same directories.
+``cold-atc`` / ``warm-atc`` repeat the pair on their own directories with ``TRITON_CACHE_AUTOTUNING=1``
+(Triton then keeps autotuning results on disk too; without it a warm process finds compiled kernels but
+benchmarks every autotuned kernel's configs again). A warm case whose cold case did not run is primed by an
+unreported child first.
+
+The issue's target: a first request in a fresh process with warm caches reaches its first frame ≤ 3 s
+after the model is loaded.
+
+    source .device/activate.sh && python3 benchmarks/first_request.py
+
+CPU smoke test of the plumbing (tiny hybrid from tests/tiny.py, fp32, accelerators off):
+
+    PYTHONPATH=. .venv/bin/python benchmarks/first_request.py --device cpu --tiny
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+T_START = time.perf_counter()  # the child's first stamp: interpreter up, stdlib imported
+
+ROOT = Path(__file__).resolve().parent.parent
+SPAWN_ENV = "ZONOS_FIRST_REQUEST_SPAWN"
+RESULT_TAG = "FIRST_REQUEST_RESULT "
+# case → (cache group, empty the group's directories first, extra environment)
+CASES = {
+    "cold": ("plain", True, {"TRITON_CACHE_AUTOTUNING": "0"}),
+    "warm": ("plain", False, {"TRITON_CACHE_AUTOTUNING": "0"}),
+    "cold-atc": ("atc", True, {"TRITON_CACHE_AUTOTUNING": "1"}),
+    "warm-atc": ("atc", False, {"TRITON_CACHE_AUTOTUNING": "1"}),
+}
+TARGET_MS = 3000  # issue 4: warm caches, first frame ≤ 3 s after the model is loaded
+
+
+# ------------------------------------------------------------------------------------------------- child
+
+
+def child(args: argparse.Namespace) -> None:
+    stamps = {"spawn": float(os.environ.get(SPAWN_ENV, T_START)), "start": T_START}
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    import torch
+    from common import random_model, suppress_eos
+    from gpu import tiny_model
+
+    from zonos.codec.autoencoder import DACAutoencoder
+    from zonos.codec.dac import DACConfig
+    from zonos.model import Zonos  # noqa: F401  (import cost belongs to "imports")
+
+    accel = not args.tiny and args.device.startswith("cuda")
+    if accel:
+        import zonos_accel.graph  # noqa: F401
+        import zonos_accel.triton  # noqa: F401  (triton, mamba_ssm)
+
+        if args.cute_gemv:
+            import zonos_accel.gemv.kernel  # noqa: F401  (cutlass)
+    stamps["imports"] = time.perf_counter()
+
+    def sync() -> None:
+        if accel:
+            torch.cuda.synchronize()
+
+    torch.manual_seed(0)
+    if args.tiny:
+        codec = DACAutoencoder(DACConfig(encoder_hidden_size=4, decoder_hidden_size=32, hidden_size=64))
+        model = tiny_model(args.max_seqlen, autoencoder=codec)
+        dtype = torch.float32
+    else:
+        codec = DACAutoencoder(DACConfig(), device=args.device)
+        model = random_model("hybrid", device=args.device, autoencoder=codec, max_seqlen=args.max_seqlen)
+        dtype = torch.bfloat16
+    suppress_eos(model)
+    if accel:
+        model.use_accelerators(cute_gemv=args.cute_gemv or None)  # what from_local does (defaults: all on)
+    else:
+        model.use_accelerators(fast_ops=False, cuda_graphs=False, cute_gemv=False)
+    sync()
+    stamps["ready"] = time.perf_counter()
+
+    d = model.config.backbone.d_model
+    gen = torch.Generator(args.device).manual_seed(1)
+    prefix = torch.randn(2, args.prefix, d, device=args.device, generator=gen).to(dtype)
+    requests = []
+    for i in range(2):
+        requests.append(request(model, prefix, args, seed=i, sync=sync))
+        requests[-1]["captures"] = {
+            name: getattr(model.__dict__.get(attr), "captures", None)
+            for name, attr in (("decode", "_decode_step"), ("prefill", "_backbone_prefill"))
+        }
+    result = {"stamps": stamps, "requests": requests, "env": environment(torch, args.device)}
+    print(RESULT_TAG + json.dumps(result), flush=True)
+
+
+def request(model, prefix, args: argparse.Namespace, seed: int, sync) -> dict:
+    """One streamed request, stopped at its first chunk with audio: perf_counter stamps of the call, the end of
+    prefill and of the first decode step (device synchronized there) and the first audio chunk."""
+    import torch
+
+    marks: dict[str, float] = {}
+    loop = model._decode_loop
+
+    def timed_loop(*a, **k):
+        inner = loop(*a, **k)
+        try:
+            for i, update in enumerate(inner):
+                if i < 2:
+                    sync()
+                    marks["prefill" if i == 0 else "step"] = time.perf_counter()
+                yield update
+        finally:
+            inner.close()
+
+    model._decode_loop = timed_loop
+    try:
+        generator = torch.Generator(args.device).manual_seed(seed)
+        sync()
+        marks["call"] = time.perf_counter()
+        stream = model.generate(
+            prefix,
+            max_new_tokens=args.frames,
+            cfg_scale=args.cfg_scale,
+            progress_bar=False,
+            stream=True,
+            first_chunk_frames=args.first_chunk_frames,
+            generator=generator,
+        )
+        for chunk in stream:
+            if chunk.audio.shape[-1]:  # on the CPU already when the model runs on CUDA
+                marks["audio"] = time.perf_counter()
+                marks["audio_frames"] = chunk.frames[1]
+                break
+        stream.close()
+    finally:
+        del model._decode_loop
+    return marks
+
+
+def environment(torch, device: str) -> str:
+    if not device.startswith("cuda"):
+        return f"{device} | torch {torch.__version__}"
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = "absent"
+    return (
+        f"{torch.cuda.get_device_name()} | torch {torch.__version__} (CUDA {torch.version.cuda}) | "
+        f"triton {triton_version}"
+    )
+
+
+# ------------------------------------------------------------------------------------------------ parent
+
+
+def run_child(args: argparse.Namespace, case: str, cache: Path) -> dict:
+    _, _, extra = CASES[case]
+    env = dict(os.environ)
+    env.update(extra)
+    env.update(
+        TRITON_CACHE_DIR=str(cache / "triton"),
+        TORCHINDUCTOR_CACHE_DIR=str(cache / "inductor"),
+        CUTE_DSL_CACHE_DIR=str(cache / "cute"),
+        PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p),
+    )
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child"]
+    cmd += ["--device", args.device, "--frames", str(args.frames), "--prefix", str(args.prefix)]
+    cmd += ["--first-chunk-frames", str(args.first_chunk_frames), "--cfg-scale", str(args.cfg_scale)]
+    cmd += ["--max-seqlen", str(args.max_seqlen)]
+    cmd += ["--tiny"] if args.tiny else []
+    cmd += ["--cute-gemv"] if args.cute_gemv else []
+    env[SPAWN_ENV] = repr(time.perf_counter())
+    proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, text=True, timeout=args.child_timeout)
+    result = None
+    for line in proc.stdout.splitlines():
+        if line.startswith(RESULT_TAG):
+            result = json.loads(line[len(RESULT_TAG) :])
+        else:
+            print(f"  [{case}] {line}")
+    if proc.returncode or result is None:
+        raise RuntimeError(f"case {case}: the child exited with {proc.returncode} and no result (stderr above)")
+    return result
+
+
+def row(case: str, result: dict) -> dict:
+    s = result["stamps"]
+    r1, r2 = result["requests"]
+
+    def ms(r: dict, key: str) -> str:
+        return f"{(r[key] - r['call']) * 1e3:.1f}" if key in r else "none"
+
+    def caps(r: dict) -> str:
+        c = r["captures"]
+        return "-" if c["decode"] is None else f"{c['decode']}+{c['prefill']}"
+
+    return {
+        "case": case,
+        "spawn → start s": f"{s['start'] - s['spawn']:.3f}",
+        "import s": f"{s['imports'] - s['start']:.2f}",
+        "build s": f"{s['ready'] - s['imports']:.2f}",
+        "spawn → model ready s": f"{s['ready'] - s['spawn']:.2f}",
+        "1st request → prefill ms": ms(r1, "prefill"),
+        "1st request → first step ms": ms(r1, "step"),
+        "1st request → first audio ms": ms(r1, "audio"),
+        "2nd request → first step ms": ms(r2, "step"),
+        "2nd request → first audio ms": ms(r2, "audio"),
+        "spawn → first audio s": f"{r1['audio'] - s['spawn']:.2f}" if "audio" in r1 else "none",
+        "graphs captured (decode+prefill) 1st / 2nd": f"{caps(r1)} / {caps(r2)}",
+    }
+
+
+def markdown(rows: list[dict], title: str) -> str:
+    keys = list(rows[0])
+    out = [f"\n### {title}\n", "| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
+    out += ["| " + " | ".join(str(v) for v in r.values()) + " |" for r in rows]
+    return "\n".join(out)
+
+
+def parent(args: argparse.Namespace) -> int:
+    cases = [c.strip() for c in args.cases.split(",") if c.strip()]
+    unknown = [c for c in cases if c not in CASES]
+    if unknown:
+        raise SystemExit(f"unknown cases {unknown}; choose from {list(CASES)}")
+    keep = args.cache_root is not None
+    root = Path(args.cache_root) if keep else Path(tempfile.mkdtemp(prefix="zonos-first-request-"))
+    rows, env, first_audio = [], None, {}
+    try:
+        for case in cases:
+            group, fresh, _ = CASES[case]
+            cache = root / group
+            if fresh:
+                shutil.rmtree(cache, ignore_errors=True)
+            elif not cache.exists():
+                print(f"priming the {group} caches for {case} (not reported)", flush=True)
+                run_child(args, "cold" if group == "plain" else "cold-atc", cache)
+            cache.mkdir(parents=True, exist_ok=True)
+            t0 = time.perf_counter()
+            result = run_child(args, case, cache)
+            env = result["env"]
+            rows.append(row(case, result))
+            r1 = result["requests"][0]
+            if "audio" in r1:
+                first_audio[case] = (r1["audio"] - r1["call"]) * 1e3
+            r = rows[-1]
+            print(
+                f"{case}: done in {time.perf_counter() - t0:.1f} s (model ready {r['spawn → model ready s']} s after "
+                f"spawn, first request → first audio {r['1st request → first audio ms']} ms)",
+                flush=True,
+            )
+    finally:
+        if not keep:
+            shutil.rmtree(root, ignore_errors=True)
+
+    model = "tiny hybrid fp32, accelerators off" if args.tiny else "Zonos-v0.1-hybrid random bf16, use_accelerators()"
+    gemv = ", use_cute_gemv" if args.cute_gemv else ""
+    title = (
+        f"First request in a fresh process ({model}{gemv}; {env}; prefix {args.prefix}, CFG {args.cfg_scale}, "
+        f"first chunk {args.first_chunk_frames} frames)"
+    )
+    print(markdown(rows, title))
+    print(
+        "\nimport: interpreter start → torch, zonos and accelerator packages imported; build: random weights, "
+        "codec, use_accelerators(), synchronized (no checkpoint read); request columns: ms from the generate "
+        "call (prefill and first step stamped after a device sync); captures: graphs the runners captured so far."
+    )
+    for case in () if args.tiny else ("warm", "warm-atc"):
+        if case in first_audio:
+            verdict = "met" if first_audio[case] <= TARGET_MS else "missed"
+            print(
+                f"target (issue 4): {case}, first request → first audio {first_audio[case]:.0f} ms "
+                f"vs ≤ {TARGET_MS} ms after the model is loaded: {verdict}"
+            )
+    return 0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--tiny", action="store_true", help="tiny hybrid in fp32 with accelerators off (smoke test)")
+    ap.add_argument("--cases", default="cold,warm,cold-atc,warm-atc", help=f"comma-separated, of {list(CASES)}")
+    ap.add_argument("--frames", type=int, default=64, help="max_new_tokens of each request (stopped at first audio)")
+    ap.add_argument("--prefix", type=int, default=120, help="prefix tokens (random conditioning)")
+    ap.add_argument("--first-chunk-frames", type=int, default=2)
+    ap.add_argument("--cfg-scale", type=float, default=2.0)
+    ap.add_argument("--max-seqlen", type=int, default=4096)
+    ap.add_argument("--cute-gemv", action="store_true", help="use_cute_gemv=True as well")
+    ap.add_argument("--cache-root", help="keep the kernel caches here (default: a temporary directory, removed)")
+    ap.add_argument("--child-timeout", type=float, default=900.0, help="seconds per child process")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.tiny and args.max_seqlen == 4096:
+        args.max_seqlen = 512
+    if args.child:
+        child(args)
+        return 0
+    return parent(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests.tiny import random_dac_weights
 from zonos.audio import load_audio, resample, save_audio
 from zonos.codec import (
     DAC,
@@ -37,40 +38,6 @@ TINY = dict(
 )
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread():
-    """The tiny models run thousands of small ops; with the 2 shared CPU cores busy, torch's thread
-    pool makes them many times slower, so use one thread here (restored afterwards)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def random_weights(config: DACConfig, seed: int = 0) -> dict[str, torch.Tensor]:
-    """Seeded weights with roughly unit-scale activations, Snake alphas spread over [0.3, 2], and a
-    small final conv so tanh does not saturate (a saturated output would hide errors)."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.device("meta"):
-        shapes = {k: v.shape for k, v in DAC(config).state_dict().items()}
-    out = {}
-    for name, shape in shapes.items():
-        if name.endswith("alpha"):
-            t = 0.3 + 1.7 * torch.rand(shape, generator=g)
-        elif name.endswith("codebook.weight"):
-            t = torch.randn(shape, generator=g)
-        elif name.endswith("bias"):
-            t = 0.05 * torch.randn(shape, generator=g)
-        else:
-            fan_in = shape[0] * 2 if ".conv_t1." in name else shape[1] * shape[2]
-            t = torch.randn(shape, generator=g) / math.sqrt(fan_in)
-            if ".res_unit" in name and ".conv2." in name:
-                t *= 0.2  # residual branches stay small, so the signal does not grow block by block
-        out[name] = t
-    out["decoder.conv2.weight"] *= 0.1
-    return out
-
-
 def snr_db(x: torch.Tensor, ref: torch.Tensor) -> float:
     err = (x.double() - ref.double()).pow(2).sum()
     return float("inf") if err == 0 else float(10 * torch.log10(ref.double().pow(2).sum() / err))
@@ -78,7 +45,7 @@ def snr_db(x: torch.Tensor, ref: torch.Tensor) -> float:
 
 @pytest.fixture(scope="module")
 def tiny_weights() -> dict[str, torch.Tensor]:
-    return random_weights(DACConfig(**TINY))
+    return random_dac_weights(DACConfig(**TINY))
 
 
 @pytest.fixture(scope="module")

@@ -6,12 +6,11 @@ receptive field) but few channels.
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 import torch.nn.functional as F
 
+from tests.tiny import random_dac_weights
 from zonos.codec import DAC, DACAutoencoder, DACConfig, StreamingDACDecoder, receptive_field
 
 TINY = dict(
@@ -25,43 +24,10 @@ HOP = 512
 LOOKAHEAD = 4757  # derived in zonos/codec/streaming.py's docstring
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread():
-    """The tiny models run thousands of small ops; with the 2 shared CPU cores busy, torch's thread
-    pool makes them many times slower, so use one thread here (restored afterwards)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def random_weights(config: DACConfig, seed: int = 0) -> dict[str, torch.Tensor]:
-    """Seeded weights keeping activations near unit scale and the output tanh unsaturated."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.device("meta"):
-        shapes = {k: v.shape for k, v in DAC(config).state_dict().items()}
-    out = {}
-    for name, shape in shapes.items():
-        if name.endswith("alpha"):
-            t = 0.3 + 1.7 * torch.rand(shape, generator=g)
-        elif name.endswith("codebook.weight"):
-            t = torch.randn(shape, generator=g)
-        elif name.endswith("bias"):
-            t = 0.05 * torch.randn(shape, generator=g)
-        else:
-            fan_in = shape[0] * 2 if ".conv_t1." in name else shape[1] * shape[2]
-            t = torch.randn(shape, generator=g) / math.sqrt(fan_in)
-            if ".res_unit" in name and ".conv2." in name:
-                t *= 0.2
-        out[name] = t
-    out["decoder.conv2.weight"] *= 0.1
-    return out
-
-
 @pytest.fixture(scope="module")
 def codec() -> DACAutoencoder:
     config = DACConfig(**TINY)
-    return DACAutoencoder(config, random_weights(config))
+    return DACAutoencoder(config, random_dac_weights(config))
 
 
 def random_codes(batch: int, frames: int, seed: int) -> torch.Tensor:
@@ -110,7 +76,7 @@ def test_receptive_field_is_exact_in_one_shot_decode():
     """
     config = DACConfig(**TINY)
     dac = DAC(config).double().eval()
-    dac.load_state_dict({k: v.double() for k, v in random_weights(config).items()})
+    dac.load_state_dict({k: v.double() for k, v in random_dac_weights(config).items()})
     frames, f = 22, 10
     first, last = HOP * f - LOOKAHEAD, HOP * f + HOP - 1 + LOOKAHEAD  # the samples frame f reaches
     samples = [0, first - 1, first, 5000, last, last + 1, frames * HOP - 1]
@@ -154,7 +120,7 @@ def test_push_latent_and_float64(codec):
     """Works on the DAC's own dtype; in float64 it is exact to ~1e-12."""
     config = DACConfig(**TINY)
     dac64 = DAC(config).double().eval()
-    dac64.load_state_dict({k: v.double() for k, v in random_weights(config).items()})
+    dac64.load_state_dict({k: v.double() for k, v in random_dac_weights(config).items()})
     latent = torch.randn(1, 64, 14, dtype=torch.float64, generator=torch.Generator().manual_seed(6))
     with torch.no_grad():
         full = dac64.decode_latent(latent)

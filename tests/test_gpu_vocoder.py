@@ -8,7 +8,8 @@ without CUDA."""
 import pytest
 import torch
 
-from tests.test_codec_streaming import TINY, random_codes, random_weights, snr_db
+from tests.test_codec_streaming import TINY, random_codes, snr_db
+from tests.tiny import random_dac_weights
 from zonos.codec import DACAutoencoder, DACConfig, StreamingDACDecoder
 from zonos.codec.autoencoder import decode_precision
 
@@ -20,7 +21,7 @@ HOP = 512
 
 @pytest.fixture(scope="module")
 def codec() -> DACAutoencoder:
-    return DACAutoencoder(CONFIG, random_weights(CONFIG), device="cuda")
+    return DACAutoencoder(CONFIG, random_dac_weights(CONFIG), device="cuda")
 
 
 @pytest.fixture
@@ -202,7 +203,7 @@ def test_push_latent_graphs(codec, exact):
 def test_weights_changed_in_place_or_moved(exact, fp16):
     """Weights changed in place between streams are seen by the replays (same addresses); weights moved
     to new storage drop the graphs, which are captured again."""
-    codec = DACAutoencoder(CONFIG, random_weights(CONFIG, seed=1), device="cuda")
+    codec = DACAutoencoder(CONFIG, random_dac_weights(CONFIG, seed=1), device="cuda")
     schedule = [11] + [4] * 5
     eager = StreamingDACDecoder(codec, fp16_autocast=fp16, cuda_graphs=False)
     graphed = StreamingDACDecoder(codec, fp16_autocast=fp16)

@@ -51,15 +51,6 @@ SETTINGS = dict(
 )
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread():
-    """Tiny ops are many times slower with torch's thread pool fighting over the 2 shared cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
     torch.manual_seed(0)

@@ -29,15 +29,6 @@ DATA = Path(__file__).parent / "data"
 TINY = SpeakerNetConfig(in_planes=4, num_blocks=(1, 2, 1, 1), attention_dim=8, embed_dim=16, lda_dim=128)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread():
-    """Small ops are many times slower with torch's thread pool fighting over the 2 shared cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def _tsv(name: str) -> list[tuple[str, str, str]]:
     lines = (DATA / name).read_text().splitlines()[1:]
     return [tuple(line.split("\t")) for line in lines]

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import torch
+
+from zonos.codec.dac import DAC, DACConfig
 
 DATA = Path(__file__).parent / "data"
 
@@ -43,4 +46,28 @@ def random_state_dict(model: torch.nn.Module, seed: int = 0) -> dict[str, torch.
             out[name] = 1 + 0.1 * torch.randn(t.shape, generator=gen)
         else:
             out[name] = scale * torch.randn(t.shape, generator=gen)
+    return out
+
+
+def random_dac_weights(config: DACConfig, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Seeded weights with roughly unit-scale activations, Snake alphas spread over [0.3, 2], and a
+    small final conv so tanh does not saturate (a saturated output would hide errors)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.device("meta"):
+        shapes = {k: v.shape for k, v in DAC(config).state_dict().items()}
+    out = {}
+    for name, shape in shapes.items():
+        if name.endswith("alpha"):
+            t = 0.3 + 1.7 * torch.rand(shape, generator=g)
+        elif name.endswith("codebook.weight"):
+            t = torch.randn(shape, generator=g)
+        elif name.endswith("bias"):
+            t = 0.05 * torch.randn(shape, generator=g)
+        else:
+            fan_in = shape[0] * 2 if ".conv_t1." in name else shape[1] * shape[2]
+            t = torch.randn(shape, generator=g) / math.sqrt(fan_in)
+            if ".res_unit" in name and ".conv2." in name:
+                t *= 0.2  # residual branches stay small, so the signal does not grow block by block
+        out[name] = t
+    out["decoder.conv2.weight"] *= 0.1
     return out

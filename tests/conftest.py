@@ -1,0 +1,14 @@
+"""Suite-wide test settings."""
+
+import pytest
+import torch
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _single_thread():
+    """The tiny test models run thousands of small ops; on CI's 2 cores torch's thread pool makes them
+    several times slower, so the suite runs single-threaded (restored afterwards)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -161,7 +161,7 @@ def test_mismatched_checkpoint_lists_keys(tmp_path):
         Zonos.from_local(*paths, device="cpu")
     msg = str(err.value)
     assert "missing: backbone.norm_f.bias" in msg and "unexpected: extra.weight" in msg
-    assert "heads.0.weight: checkpoint (1000, 64) vs config (1025, 64)" in msg
+    assert "mis-shaped: heads.0.weight: checkpoint (1000, 64) vs model (1025, 64)" in msg
 
 
 def test_from_pretrained_local_dir_and_offline_hub(tmp_path, monkeypatch, codec):

@@ -14,6 +14,7 @@ from tqdm import tqdm
 
 from zonos import ops
 from zonos.backbone import InferenceState, ZonosBackbone
+from zonos.checkpoint import check_state_dict
 from zonos.codebook_pattern import apply_delay_pattern, revert_delay_pattern
 from zonos.codec.streaming import StreamingDACDecoder
 from zonos.conditioning import PrefixConditioner
@@ -166,22 +167,13 @@ class Zonos(nn.Module):
 
     def load_checkpoint(self, state: dict[str, torch.Tensor], device: torch.device | str, dtype: torch.dtype) -> None:
         """Strictly load a state dict (names and shapes must match the config), casting floats to ``dtype``."""
-        expected = self.state_dict()
-        missing = sorted(set(expected) - set(state))
-        unexpected = sorted(set(state) - set(expected))
-        misshaped = sorted(
-            f"{k}: checkpoint {tuple(state[k].shape)} vs config {tuple(expected[k].shape)}"
-            for k in set(state) & set(expected)
-            if state[k].shape != expected[k].shape
+        check_state_dict(
+            self.state_dict(),
+            state,
+            "model.safetensors",
+            "the Zonos model built from config.json",
+            "Check that config.json and model.safetensors come from the same model.",
         )
-        if missing or unexpected or misshaped:
-            lines = ["checkpoint does not match the config:"]
-            for title, items in (("missing", missing), ("unexpected", unexpected), ("mis-shaped", misshaped)):
-                if items:
-                    shown = ", ".join(items[:8]) + (f", … ({len(items) - 8} more)" if len(items) > 8 else "")
-                    lines.append(f"  {len(items)} {title}: {shown}")
-            lines.append("Check that config.json and model.safetensors come from the same model.")
-            raise ValueError("\n".join(lines))
         state = {k: (v.to(device, dtype) if v.is_floating_point() else v.to(device)) for k, v in state.items()}
         self.load_state_dict(state, strict=True, assign=True)
 

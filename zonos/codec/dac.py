@@ -23,6 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from zonos.checkpoint import CheckpointMismatchError, check_state_dict
+
 __all__ = [
     "DAC",
     "DACConfig",
@@ -306,34 +308,15 @@ class DAC(nn.Module):
 # ---------------------------------------------------------------------------------------------
 
 
-class CheckpointMismatchError(ValueError):
-    """A checkpoint's tensor names or shapes do not fit the model built from its config."""
-
-
 def load_state_dict_strict(module: nn.Module, state_dict: Mapping[str, Tensor], source: str = "checkpoint") -> None:
-    """Load ``state_dict`` into ``module``, raising one error that lists every missing, unexpected and
-    mis-shaped tensor (instead of torch's error, which stops at the first shape mismatch)."""
-    expected = module.state_dict()
-    missing = sorted(set(expected) - set(state_dict))
-    unexpected = sorted(set(state_dict) - set(expected))
-    misshaped = sorted(
-        f"{k}: checkpoint {tuple(state_dict[k].shape)} vs model {tuple(expected[k].shape)}"
-        for k in set(expected) & set(state_dict)
-        if tuple(state_dict[k].shape) != tuple(expected[k].shape)
+    """Load ``state_dict`` into ``module``, raising one error that lists every problem."""
+    check_state_dict(
+        module.state_dict(),
+        state_dict,
+        source,
+        "the DAC model built from its config",
+        "Check that config.json belongs to these weights (Hugging Face DacModel layout).",
     )
-    if missing or unexpected or misshaped:
-
-        def section(title: str, items: list[str]) -> str:
-            shown = items[:20] + ([f"... and {len(items) - 20} more"] if len(items) > 20 else [])
-            return f"\n  {title} ({len(items)}):\n    " + "\n    ".join(shown) if items else ""
-
-        raise CheckpointMismatchError(
-            f"{source} does not match the DAC model built from its config:"
-            + section("missing", missing)
-            + section("unexpected", unexpected)
-            + section("wrong shape", misshaped)
-            + "\nCheck that config.json belongs to these weights (Hugging Face DacModel layout)."
-        )
     module.load_state_dict(state_dict, strict=True)
 
 

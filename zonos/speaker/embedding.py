@@ -17,6 +17,7 @@ import torch.nn as nn
 from torch import Tensor
 
 from zonos.audio import resample
+from zonos.checkpoint import CheckpointMismatchError, check_state_dict
 from zonos.hub import resolve_file
 from zonos.speaker.features import SAMPLE_RATE, LogMelFeatures
 from zonos.speaker.network import ResNetSimAMASP, SpeakerNetConfig
@@ -36,10 +37,9 @@ NETWORK_FILE = "ResNet293_SimAM_ASP_base.pt"
 LDA_FILE = "ResNet293_SimAM_ASP_base_LDA-128.pt"
 MIN_SECONDS = 0.5  # shorter clips carry too little speech for a usable voice embedding
 SILENCE_RMS = 1e-6  # below this the log-mel features are just the 1e-6 floor: nothing to embed
-_MAX_LISTED = 10  # names shown per category in a checkpoint mismatch error
 
 
-class SpeakerCheckpointError(ValueError):
+class SpeakerCheckpointError(CheckpointMismatchError):
     """A speaker-embedding checkpoint is unreadable or its tensors do not fit the network."""
 
 
@@ -59,24 +59,14 @@ def load_state_dict_strict(module: nn.Module, state_dict: object, source: str) -
     for name in expected:
         if name.endswith("num_batches_tracked") and name not in given:
             given[name] = torch.zeros((), dtype=torch.long)
-    missing = sorted(set(expected) - set(given))
-    unexpected = sorted(set(given) - set(expected))
-    misshaped = sorted(
-        f"{k}: checkpoint {tuple(given[k].shape)} vs model {tuple(expected[k].shape)}"
-        for k in set(expected) & set(given)
-        if given[k].shape != expected[k].shape
+    check_state_dict(
+        expected,
+        given,
+        source,
+        "the speaker network",
+        f"Is it the Zonos speaker-embedding checkpoint ({NETWORK_FILE} / {LDA_FILE}) and does the config match?",
+        SpeakerCheckpointError,
     )
-    if missing or unexpected or misshaped:
-        lines = []
-        for label, names in (("missing", missing), ("unexpected", unexpected), ("mis-shaped", misshaped)):
-            lines += [f"  {label}: {n}" for n in names[:_MAX_LISTED]]
-            if len(names) > _MAX_LISTED:
-                lines.append(f"  ... and {len(names) - _MAX_LISTED} more {label}")
-        raise SpeakerCheckpointError(
-            f"{source} does not fit the speaker network ({len(missing)} missing, {len(unexpected)} unexpected, "
-            f"{len(misshaped)} mis-shaped tensors). Is it the Zonos speaker-embedding checkpoint "
-            f"({NETWORK_FILE} / {LDA_FILE}) and does the config match?\n" + "\n".join(lines)
-        )
     module.load_state_dict(given, strict=True, assign=True)
 
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.tiny import random_dac_weights
+from tests.tiny import TINY_DAC, random_dac_weights
 from zonos.audio import load_audio, resample, save_audio
 from zonos.codec import (
     DAC,
@@ -25,17 +25,7 @@ from zonos.codec import (
 
 DATA = Path(__file__).parent / "data"
 
-TINY = dict(
-    encoder_hidden_size=4,
-    downsampling_ratios=[2, 4, 8, 8],
-    decoder_hidden_size=32,
-    upsampling_ratios=[8, 8, 4, 2],
-    hidden_size=64,
-    n_codebooks=9,
-    codebook_size=1024,
-    codebook_dim=8,
-    sampling_rate=44100,
-)
+TINY = TINY_DAC
 
 
 def snr_db(x: torch.Tensor, ref: torch.Tensor) -> float:

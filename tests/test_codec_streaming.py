@@ -10,16 +10,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.tiny import random_dac_weights
+from tests.tiny import TINY_DAC, random_dac_weights
 from zonos.codec import DAC, DACAutoencoder, DACConfig, StreamingDACDecoder, receptive_field
 
-TINY = dict(
-    encoder_hidden_size=4,
-    downsampling_ratios=[2, 4, 8, 8],
-    decoder_hidden_size=32,
-    upsampling_ratios=[8, 8, 4, 2],
-    hidden_size=64,
-)
+TINY = TINY_DAC
 HOP = 512
 LOOKAHEAD = 4757  # derived in zonos/codec/streaming.py's docstring
 

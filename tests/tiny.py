@@ -12,6 +12,9 @@ from zonos.codec.dac import DAC, DACConfig
 
 DATA = Path(__file__).parent / "data"
 
+# A DAC with the real strides (hop 512, the same receptive field) and toy widths.
+TINY_DAC = dict(encoder_hidden_size=4, decoder_hidden_size=32, hidden_size=64)
+
 
 def real_config(kind: str) -> dict:
     """The published config.json of ``hybrid`` or ``transformer``."""

@@ -1,20 +1,16 @@
 """sample.py end to end on a tiny local checkpoint and codec: one-shot and streamed wavs."""
 
 import soundfile as sf
-import torch
 
 import sample
-from tests.test_model import _save
-from zonos.codec.autoencoder import DACAutoencoder
-from zonos.codec.dac import DACConfig
+from tests.tiny import save_tiny_checkpoint, tiny_codec
 
 
 def test_sample_cli_one_shot_and_stream(tmp_path, capsys):
     model_dir, codec_dir = tmp_path / "model", tmp_path / "codec"
     model_dir.mkdir()
-    _save(model_dir, "transformer")
-    torch.manual_seed(0)
-    DACAutoencoder(DACConfig(encoder_hidden_size=4, decoder_hidden_size=32, hidden_size=64)).save_pretrained(codec_dir)
+    save_tiny_checkpoint(model_dir, "transformer")
+    tiny_codec().save_pretrained(codec_dir)
     common = ["--model", str(model_dir), "--codec", str(codec_dir), "--device", "cpu", "--seed", "1"]
     common += ["--max-new-tokens", "20", "--no-progress", "--text", "Testing one, two."]
     assert sample.main([*common, "--out", str(tmp_path / "a.wav")]) == 0

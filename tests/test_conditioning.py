@@ -65,15 +65,26 @@ GOLDEN_SENTENCES: list[tuple[str, str]] = [
 # The hybrid config's conditioner list (the transformer uses the first seven).
 HYBRID_CONDITIONERS: list[dict] = [
     {"type": "EspeakPhonemeConditioner", "name": "espeak"},
-    {"cond_dim": 128, "uncond_type": "learned", "projection": "linear", "type": "PassthroughConditioner",
-     "name": "speaker"},
+    {
+        "cond_dim": 128,
+        "uncond_type": "learned",
+        "projection": "linear",
+        "type": "PassthroughConditioner",
+        "name": "speaker",
+    },
     {"input_dim": 8, "uncond_type": "learned", "type": "FourierConditioner", "name": "emotion"},
     {"min_val": 0, "max_val": 24000, "uncond_type": "learned", "type": "FourierConditioner", "name": "fmax"},
     {"min_val": 0, "max_val": 400, "uncond_type": "learned", "type": "FourierConditioner", "name": "pitch_std"},
     {"min_val": 0, "max_val": 40, "uncond_type": "learned", "type": "FourierConditioner", "name": "speaking_rate"},
     {"min_val": -1, "max_val": 126, "uncond_type": "learned", "type": "IntegerConditioner", "name": "language_id"},
-    {"input_dim": 8, "min_val": 0.5, "max_val": 0.8, "uncond_type": "learned", "type": "FourierConditioner",
-     "name": "vqscore_8"},
+    {
+        "input_dim": 8,
+        "min_val": 0.5,
+        "max_val": 0.8,
+        "uncond_type": "learned",
+        "type": "FourierConditioner",
+        "name": "vqscore_8",
+    },
     {"min_val": -1.0, "max_val": 1000, "uncond_type": "learned", "type": "FourierConditioner", "name": "ctc_loss"},
     {"min_val": 1, "max_val": 5, "uncond_type": "learned", "type": "FourierConditioner", "name": "dnsmos_ovrl"},
     {"min_val": 0, "max_val": 1, "uncond_type": "learned", "type": "IntegerConditioner", "name": "speaker_noised"},
@@ -281,8 +292,15 @@ def test_make_cond_dict_defaults() -> None:
     assert d["espeak"] == (["Hello."], ["en-us"])
     assert d["speaker"] is None
     assert "vqscore_8" not in d and "dnsmos_ovrl" not in d
-    expected = {"emotion": 8, "fmax": 1, "pitch_std": 1, "speaking_rate": 1, "language_id": 1, "ctc_loss": 1,
-                "speaker_noised": 1}
+    expected = {
+        "emotion": 8,
+        "fmax": 1,
+        "pitch_std": 1,
+        "speaking_rate": 1,
+        "language_id": 1,
+        "ctc_loss": 1,
+        "speaker_noised": 1,
+    }
     for key, n in expected.items():
         assert d[key].shape == (1, 1, n), key
         assert d[key].dtype == (torch.long if key in ("language_id", "speaker_noised") else torch.float32), key
@@ -292,8 +310,9 @@ def test_make_cond_dict_defaults() -> None:
     assert d["fmax"].item() == 22050.0
 
     spk = torch.randn(1, 128, dtype=torch.bfloat16)
-    d = make_cond_dict("Hi", "de", speaker=spk, emotion=[1, 0, 0, 0, 0, 0, 0, 1], unconditional_keys=["emotion"],
-                       speaker_noised=True)
+    d = make_cond_dict(
+        "Hi", "de", speaker=spk, emotion=[1, 0, 0, 0, 0, 0, 0, 1], unconditional_keys=["emotion"], speaker_noised=True
+    )
     default_device = "cuda" if torch.cuda.is_available() else "cpu"
     assert d["speaker"].shape == (1, 1, 128) and d["speaker"].dtype == torch.bfloat16
     assert d["speaker"].device.type == default_device

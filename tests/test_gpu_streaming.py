@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from tests.test_gpu_vocoder import one_shot, snr_db
-from tests.test_model import _save
+from tests.tiny import save_tiny_checkpoint
 from zonos.codec.autoencoder import DACAutoencoder
 from zonos.codec.dac import DACConfig
 from zonos.model import Zonos
@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 def model(tmp_path_factory):
     torch.manual_seed(0)
     codec = DACAutoencoder(DACConfig(encoder_hidden_size=4, decoder_hidden_size=64, hidden_size=64), device="cuda")
-    paths = _save(tmp_path_factory.mktemp("hybrid"), "hybrid")
+    paths = save_tiny_checkpoint(tmp_path_factory.mktemp("hybrid"), "hybrid")
     return Zonos.from_local(*paths, device="cuda", dtype=torch.bfloat16, autoencoder=codec, max_seqlen=256)
 
 

@@ -16,9 +16,7 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 gr = pytest.importorskip("gradio")
 
 import gradio_interface as gi  # noqa: E402
-from tests.test_model import _save  # noqa: E402
-from zonos.codec.autoencoder import DACAutoencoder  # noqa: E402
-from zonos.codec.dac import DACConfig  # noqa: E402
+from tests.tiny import save_tiny_checkpoint, tiny_model  # noqa: E402
 from zonos.conditioning import make_cond_dict  # noqa: E402
 from zonos.model import Zonos  # noqa: E402
 
@@ -53,10 +51,7 @@ SETTINGS = dict(
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
-    torch.manual_seed(0)
-    codec = DACAutoencoder(DACConfig(encoder_hidden_size=4, decoder_hidden_size=32, hidden_size=64))
-    paths = _save(tmp_path_factory.mktemp("hybrid"), "hybrid")
-    return Zonos.from_local(*paths, device="cpu", autoencoder=codec, max_seqlen=256)
+    return tiny_model(tmp_path_factory.mktemp("hybrid"))
 
 
 @pytest.fixture
@@ -233,7 +228,7 @@ def test_model_cache_and_main(model, tmp_path, monkeypatch):
     a, b = tmp_path / "a", tmp_path / "b"
     for path, seed in ((a, 0), (b, 1)):
         path.mkdir()
-        _save(path, "transformer", seed=seed)
+        save_tiny_checkpoint(path, "transformer", seed=seed)
     cache = gi.ModelCache(codec="my/codec", device="cpu")
     first = cache(str(a))
     assert cache(str(a)) is first and first.autoencoder is model.autoencoder

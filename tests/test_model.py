@@ -1,39 +1,18 @@
 """End to end on tiny random checkpoints: save → from_local → make_cond_dict → prepare_conditioning →
 generate → autoencoder.decode, plus the decode loop's EOS bookkeeping and bad-input errors."""
 
-import json
-
 import pytest
 import torch
-from safetensors.torch import save_file
 
-from tests.tiny import random_state_dict, tiny_config
-from zonos.codec.autoencoder import DACAutoencoder
-from zonos.codec.dac import DACConfig
+from tests.tiny import save_tiny_checkpoint as _save
+from tests.tiny import tiny_codec
 from zonos.conditioning import make_cond_dict
-from zonos.config import ZonosConfig
 from zonos.model import SYNC_EVERY, Zonos
 
 
 @pytest.fixture(scope="module")
 def codec():
-    torch.manual_seed(0)
-    return DACAutoencoder(DACConfig(encoder_hidden_size=4, decoder_hidden_size=32, hidden_size=64))
-
-
-def _save(tmp_path, kind, seed=0, mutate=None):
-    cfg = tiny_config(kind)
-    with torch.device("meta"):
-        skeleton = Zonos(ZonosConfig.from_dict(cfg))
-    torch.manual_seed(seed)
-    model = Zonos(ZonosConfig.from_dict(cfg))
-    state = random_state_dict(model, seed)
-    assert set(state) == set(skeleton.state_dict())
-    if mutate:
-        mutate(state)
-    (tmp_path / "config.json").write_text(json.dumps(cfg))
-    save_file({k: v.to(torch.bfloat16).contiguous() for k, v in state.items()}, str(tmp_path / "model.safetensors"))
-    return tmp_path / "config.json", tmp_path / "model.safetensors"
+    return tiny_codec()
 
 
 @pytest.fixture(scope="module", params=["hybrid", "transformer"])

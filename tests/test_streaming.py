@@ -4,18 +4,13 @@ their 9th codebook is written; EOS flushes; cancelling leaves the model ready; b
 import pytest
 import torch
 
-from tests.test_model import _prefix, _save
-from zonos.codec.autoencoder import DACAutoencoder
-from zonos.codec.dac import DACConfig
-from zonos.model import Zonos
+from tests.test_model import _prefix
+from tests.tiny import tiny_model
 
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
-    torch.manual_seed(0)
-    codec = DACAutoencoder(DACConfig(encoder_hidden_size=4, decoder_hidden_size=32, hidden_size=64))
-    paths = _save(tmp_path_factory.mktemp("hybrid"), "hybrid")
-    return Zonos.from_local(*paths, device="cpu", autoencoder=codec, max_seqlen=256)
+    return tiny_model(tmp_path_factory.mktemp("hybrid"))
 
 
 @pytest.fixture(scope="module")

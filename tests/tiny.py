@@ -7,7 +7,9 @@ import math
 from pathlib import Path
 
 import torch
+from safetensors.torch import save_file
 
+from zonos.codec.autoencoder import DACAutoencoder
 from zonos.codec.dac import DAC, DACConfig
 
 DATA = Path(__file__).parent / "data"
@@ -74,3 +76,39 @@ def random_dac_weights(config: DACConfig, seed: int = 0) -> dict[str, torch.Tens
         out[name] = t
     out["decoder.conv2.weight"] *= 0.1
     return out
+
+
+def tiny_codec(device: str = "cpu") -> DACAutoencoder:
+    """A seeded random DAC of :data:`TINY_DAC` size."""
+    torch.manual_seed(0)
+    return DACAutoencoder(DACConfig(**TINY_DAC), device=device)
+
+
+def save_tiny_checkpoint(directory: Path, kind: str, seed: int = 0, mutate=None) -> tuple[Path, Path]:
+    """Write ``config.json`` and a bf16 ``model.safetensors`` of random weights for the tiny ``kind`` model;
+    ``mutate(state)`` may damage the state dict first. Returns both paths."""
+    from zonos.config import ZonosConfig
+    from zonos.model import Zonos
+
+    cfg = tiny_config(kind)
+    with torch.device("meta"):
+        skeleton = Zonos(ZonosConfig.from_dict(cfg))
+    torch.manual_seed(seed)
+    state = random_state_dict(Zonos(ZonosConfig.from_dict(cfg)), seed)
+    assert set(state) == set(skeleton.state_dict())
+    if mutate:
+        mutate(state)
+    (directory / "config.json").write_text(json.dumps(cfg))
+    save_file({k: v.to(torch.bfloat16).contiguous() for k, v in state.items()}, str(directory / "model.safetensors"))
+    return directory / "config.json", directory / "model.safetensors"
+
+
+def tiny_model(directory: Path, kind: str = "hybrid", device: str = "cpu", **kwargs):
+    """The tiny ``kind`` model saved to ``directory`` and loaded back through ``Zonos.from_local``, with a
+    tiny codec and a short ``max_seqlen``."""
+    from zonos.model import Zonos
+
+    kwargs.setdefault("max_seqlen", 256)
+    return Zonos.from_local(
+        *save_tiny_checkpoint(directory, kind), device=device, autoencoder=tiny_codec(device), **kwargs
+    )

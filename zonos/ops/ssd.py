@@ -16,6 +16,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from zonos.ops.precision import compute_dtype
+
 
 def _segment_sum(a: torch.Tensor) -> torch.Tensor:
     """(..., T) → (..., T, T) with out[i, j] = a[j+1] + … + a[i] for i ≥ j and −inf above the diagonal.
@@ -59,7 +61,7 @@ def ssd_scan(
         y (b, l, h, p) in x's dtype, and the final state (b, h, p, n) in the compute dtype.
     """
     b, l, h, p = x.shape
-    cdt = torch.float64 if x.dtype == torch.float64 else torch.float32
+    cdt = compute_dtype(x.dtype)
     n_chunks = -(-l // chunk_size)
     pad = n_chunks * chunk_size - l
     # Padding tokens get dt = 0: they neither decay the state nor add to it, so the final state is exact.
@@ -119,7 +121,7 @@ def ssd_step(
     Computes in float32 (float64 for float64 state) and stores the state back in its own dtype.
     """
     h = x.shape[1]
-    cdt = torch.float64 if state.dtype == torch.float64 else torch.float32
+    cdt = compute_dtype(state.dtype)
     Bh = B.repeat_interleave(h // B.shape[1], dim=1).to(cdt)  # (b, h, n)
     Ch = C.repeat_interleave(h // C.shape[1], dim=1).to(cdt)
     dt = dt.to(cdt)

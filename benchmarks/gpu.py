@@ -54,13 +54,25 @@ def read_bandwidth_gbs(gib: int = 4) -> float:
     return x.numel() * 2 / (statistics.median(ms) * 1e-3) / 1e9
 
 
-def set_ops(kind: str) -> None:
-    """``torch``: the reference ops; ``triton``: every Triton fast path (mamba_ssm's and ours)."""
-    from zonos_accel.triton import disable_triton_ops, enable_triton_ops
+OPS_KINDS = ("torch", "triton", "triton-nopdl", "triton+gemv")
 
+
+def set_ops(kind: str) -> None:
+    """``torch``: the reference ops; ``triton``: every Triton fast path (mamba_ssm's and ours, ours launched
+    with programmatic dependent launch); ``triton-nopdl``: the same without PDL; ``triton+gemv``: the Triton
+    paths plus the CuTeDSL GEMV for the decode projections (``use_cute_gemv``)."""
+    from zonos_accel.gemv import disable_cute_gemv, enable_cute_gemv
+    from zonos_accel.triton import disable_triton_ops, enable_triton_ops, pdl
+
+    if kind not in OPS_KINDS:
+        raise ValueError(f"unknown op backend {kind!r}; known: {OPS_KINDS}")
     disable_triton_ops()
-    if kind == "triton":
+    disable_cute_gemv()
+    pdl.ENABLED = kind != "triton-nopdl"
+    if kind.startswith("triton"):
         enable_triton_ops()
+    if kind.endswith("+gemv"):
+        enable_cute_gemv()
 
 
 def environment() -> str:

@@ -105,6 +105,12 @@ def profile_ops(model, prefix, ops: str, replays: int) -> None:
     print(report(f"Decode step by kernel group, ops={ops}", ["group", "kernels", "µs/step", "%"], rows))
     top = sorted(names, key=names.get, reverse=True)[:15]
     print(report(f"Top kernels, ops={ops}", ["kernel", "µs/step"], [[n[:90], f"{names[n]:.1f}"] for n in top]))
+    launches = defaultdict(int)
+    for e in events:
+        launches[e.name] += 1
+    most = sorted(launches, key=launches.get, reverse=True)[:40]
+    rows = [[n[:90], f"{launches[n] / replays:.0f}", f"{names[n]:.1f}"] for n in most]
+    print(report(f"Kernels by launches per step, ops={ops}", ["kernel", "launches", "µs/step"], rows))
     print(report(f"Torch ops of one eager step by launches, ops={ops}", ["op", "calls", "GPU µs"], eager_ops(model)))
 
 

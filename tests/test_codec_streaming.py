@@ -10,8 +10,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import zonos.ops
 from tests.tiny import TINY_DAC, random_dac_weights
 from zonos.codec import DAC, DACAutoencoder, DACConfig, StreamingDACDecoder, receptive_field
+from zonos.codec.dac import Snake1d
 
 TINY = TINY_DAC
 HOP = 512
@@ -311,3 +313,29 @@ def test_autocast_weights_cast_once_are_bit_exact(codec):
     finally:
         with torch.no_grad():
             conv.copy_(saved)
+
+
+def test_each_snake_is_one_op_call_in_the_conv_dtype(codec, monkeypatch):
+    """Every Snake runs inside the stage of the conv it feeds as one ``zonos.ops.snake`` call (one launch on
+    the Triton path), its output already in the dtype the conv computes in (fp16 under autocast: no cast),
+    and written straight into the conv's [history | new] input buffer where there is one (no cat)."""
+    reference = zonos.ops.snake
+    calls = []
+
+    def recording(x, alpha, out_dtype=None, *, out=None):
+        y = reference(x, alpha, out_dtype, out=out)
+        calls.append((y.dtype, out is not None))
+        return y
+
+    codes = random_codes(1, 19, seed=23)
+    expected = stream(StreamingDACDecoder(codec, fp16_autocast=True), codes, [11, 4, 4])
+    monkeypatch.setattr(zonos.ops, "snake", recording)
+    dec = StreamingDACDecoder(codec, fp16_autocast=True)
+    outs = [dec.push(codes[..., :11]), dec.push(codes[..., 11:15])]
+    calls.clear()
+    outs.append(dec.push(codes[..., 15:]))  # a steady push
+    assert len(calls) == sum(isinstance(m, Snake1d) for m in codec.dac.decoder.modules()) == 29
+    assert all(dtype == torch.float16 for dtype, _ in calls)
+    assert sum(into for _, into in calls) == 13  # the 12 residual units' dilated convs and the final conv
+    outs.append(dec.flush())
+    assert torch.equal(torch.cat(outs, -1), expected)

@@ -11,7 +11,7 @@ import torch
 
 from tests.tiny import random_state_dict, tiny_config
 from zonos.config import ZonosConfig
-from zonos.model import Zonos
+from zonos.model import SYNC_EVERY, Zonos
 from zonos_accel.graph import CudaGraphDecodeStep, disable_cuda_graphs, enable_cuda_graphs
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -143,6 +143,26 @@ def test_eos_bookkeeping_in_the_graph():
 
 @cuda
 @pytest.mark.gpu
+def test_end_is_seen_within_two_check_intervals():
+    """On CUDA the loop reads its end-of-generation flag one check interval late (no queue drain), so it
+    stops fewer than 2 * SYNC_EVERY steps after codebook 8's EOS, and never before it."""
+    model = _model(eos_at=40)
+    enable_cuda_graphs(model)
+    columns, write = {}, model._write
+
+    def recording_write(delayed, offset, tokens):
+        write(delayed, offset, tokens)
+        columns[offset] = delayed[0, :, offset].cpu()
+
+    model._write = recording_write
+    model.generate(_prefix(9, 5), max_new_tokens=STEPS, progress_bar=False)
+    eos_column = min(c for c, col in columns.items() if col[0] == model.eos_token_id)
+    assert eos_column + 8 <= max(columns) < eos_column + 8 + 2 * SYNC_EVERY
+    disable_cuda_graphs(model)
+
+
+@cuda
+@pytest.mark.gpu
 def test_prepare_captures_before_the_first_request():
     model = _model()
     prefix = _prefix(8, 6)
@@ -175,3 +195,26 @@ def test_graph_with_triton_ops_equals_eager_reference():
     finite = torch.isfinite(logits_e)
     torch.testing.assert_close(logits_f[finite], logits_e[finite], rtol=1e-4, atol=1e-4)
     assert torch.equal(codes_f, codes_e)
+
+
+@cuda
+@pytest.mark.gpu
+def test_programmatic_dependent_launch_changes_no_result():
+    """Our Triton kernels launched with PDL (the default) inside the graph give bit for bit the results of
+    the same kernels launched in stream order: PDL only moves launches, never a read before a write."""
+    from zonos_accel.triton import OPS, disable_triton_ops, enable_triton_ops, pdl
+
+    results = []
+    for enabled in (False, True):
+        pdl.ENABLED = enabled
+        model = _model()
+        enable_triton_ops(tuple(op for op in OPS if op != "ssd_scan"))
+        try:
+            enable_cuda_graphs(model)
+            results.append(_generate(model, _prefix(12, 7), {"min_p": 0.1}))
+        finally:
+            disable_triton_ops()
+            pdl.ENABLED = True
+    (codes_a, logits_a, _), (codes_b, logits_b, _) = results
+    assert torch.equal(codes_a, codes_b)
+    assert torch.equal(logits_a, logits_b)

@@ -48,7 +48,14 @@ def test_conv_step(dtype, b, c, k):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize(
     "b,hq,hkv,d,max_seqlen,position",
-    [(2, 16, 4, 128, 4096, 0), (2, 16, 4, 128, 4096, 130), (1, 16, 4, 128, 4096, 4095), (2, 4, 2, 16, 250, 77)],
+    [
+        (2, 16, 4, 128, 4096, 0),
+        (2, 16, 4, 128, 4096, 130),
+        (2, 16, 4, 128, 4096, 2700),
+        (1, 16, 4, 128, 4096, 4095),
+        (2, 4, 2, 16, 250, 77),
+        (1, 3, 3, 40, 300, 299),
+    ],
 )
 @gpu
 def test_decode_attention(dtype, b, hq, hkv, d, max_seqlen, position):
@@ -161,14 +168,33 @@ def test_add_layer_norm(dtype, shape, with_residual):
     [(2, 1, 16, 4, 128, 128, False, 4000), (2, 121, 16, 4, 128, 128, False, 0), (1, 3, 4, 2, 16, 8, True, 17)],
 )
 @gpu
-def test_rotary_qk(dtype, b, l, hq, hk, d, rotary_dim, interleaved, start):
-    qkv = _randn(b, l, hq + 2 * hk, d, dtype=dtype)
-    q, k = qkv[:, :, :hq], qkv[:, :, hq : hq + hk]  # strided views of the fused projection
+def test_rotate_and_cache(dtype, b, l, hq, hk, d, rotary_dim, interleaved, start):
+    qkv = _randn(b, l, (hq + 2 * hk) * d, dtype=dtype)
+    q, k, v = torch.split(qkv, [hq * d, hk * d, hk * d], -1)  # strided views of the fused projection
+    q, k, v = q.view(b, l, hq, d), k.view(b, l, hk, d), v.view(b, l, hk, d)
     positions = torch.arange(start, start + l, device="cuda")
-    ref_q, ref_k = ops.rotary_qk(q, k, positions, rotary_dim, 10000.0, interleaved)
-    out_q, out_k = _fast("rotary_qk")(q, k, positions, rotary_dim, 10000.0, interleaved)
-    assert out_q.shape == q.shape and out_q.dtype == dtype and out_k.shape == k.shape
-    assert _rel(out_q, ref_q) < _tol(dtype) and _rel(out_k, ref_k) < _tol(dtype)
+    max_seqlen = start + l + 5
+    ref_k, ref_v = (torch.zeros(b, max_seqlen, hk, d, device="cuda", dtype=dtype) for _ in range(2))
+    ref_q = ops.rotate_and_cache(q, k, v, ref_k, ref_v, positions, rotary_dim, 10000.0, interleaved)
+    k_cache, v_cache = (torch.full_like(ref_k, float("nan")) for _ in range(2))  # poisoned
+    out_q = _fast("rotate_and_cache")(q, k, v, k_cache, v_cache, positions, rotary_dim, 10000.0, interleaved)
+    assert out_q.shape == q.shape and out_q.dtype == dtype
+    assert _rel(out_q, ref_q) < _tol(dtype) and _rel(k_cache[:, positions], ref_k[:, positions]) < _tol(dtype)
+    assert torch.equal(v_cache[:, positions], v)  # values are copied, not rounded
+    others = torch.ones(max_seqlen, dtype=torch.bool, device="cuda")
+    others[positions] = False
+    assert k_cache[:, others].isnan().all() and v_cache[:, others].isnan().all()  # no other row written
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("shape", [(2, 1, 2 * 8192), (1, 121, 2 * 8192), (3, 1, 2 * 1500 + 2)])
+@gpu
+def test_silu_mul(dtype, shape):
+    h = _randn(*shape, dtype=dtype, scale=3.0)
+    out = _fast("silu_mul")(h)
+    assert out.shape == (*shape[:-1], shape[-1] // 2) and out.dtype == dtype
+    torch.testing.assert_close(out, ops.silu_mul(h))  # both round SiLU, then the product, to dtype
+    assert _rel(out, ops.silu_mul(h.double())) < _tol(dtype)
 
 
 def test_missing_mamba_ssm_names_the_extra(monkeypatch):
@@ -181,3 +207,25 @@ def test_missing_mamba_ssm_names_the_extra(monkeypatch):
     with pytest.raises(ImportError, match=r"mamba_ssm.*zonos-accel\[gpu\]"):
         mamba.mamba_module("selective_state_update")
     mamba.mamba_module.cache_clear()
+
+
+def test_mamba_autotuning_is_kept_on_disk():
+    """Every autotuned mamba_ssm kernel we load stores its tuning in Triton's cache, so a warm process does
+    not benchmark configs again in its first request."""
+    pytest.importorskip("mamba_ssm")
+    import sys
+
+    from triton.runtime.autotuner import Autotuner
+
+    from zonos_accel.triton import mamba
+
+    mamba.mamba_module("ssd_combined")
+    tuners = []
+    for name, module in list(sys.modules.items()):
+        if name.startswith("mamba_ssm.ops.triton.") and module is not None:
+            for obj in vars(module).values():
+                while hasattr(obj, "fn"):
+                    if isinstance(obj, Autotuner):
+                        tuners.append(obj)
+                    obj = obj.fn
+    assert tuners and all(t.cache_results for t in tuners)

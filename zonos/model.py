@@ -28,7 +28,7 @@ N_CODEBOOKS = 9  # the DAC 44.1 kHz codec's residual codebooks
 CODEBOOK_SIZE = 1024
 UNKNOWN = -1  # a delayed-code slot not generated yet
 DEFAULT_CODEC = "descript/dac_44khz"
-SYNC_EVERY = 8  # decode steps between host checks for the end of generation
+SYNC_EVERY = 4  # decode steps between checks for the end of generation (see _EndWatch)
 DEFAULT_FIRST_CHUNK_FRAMES = 2
 DEFAULT_CHUNK_FRAMES = 8
 
@@ -397,6 +397,7 @@ class Zonos(nn.Module):
         max_steps = delayed.shape[2] - offset
         remaining = torch.full((batch_size,), max_steps, device=device)
         window = params.repetition_penalty_window
+        end = _EndWatch(device)
         with tqdm(total=max_steps - 1, desc="Generating", unit="frame", disable=not progress_bar) as progress:
             while offset < delayed.shape[2] - 1:
                 offset += 1
@@ -413,9 +414,8 @@ class Zonos(nn.Module):
                 self._write(delayed, offset, tokens)
                 progress.update()
                 yield delayed, offset
-                # Reading `remaining` stalls the host until the GPU catches up, so look only every few steps;
-                # the extra steps after the end write only EOS/MASK, which the frame extraction drops.
-                if (offset - first_offset) % SYNC_EVERY == 0 and not bool((remaining > 0).any()):
+                # The extra steps after the end write only EOS/MASK, which the frame extraction drops.
+                if end.ended(offset - first_offset, remaining):
                     break
 
     def _decode_step(
@@ -540,6 +540,41 @@ def _with_callback(
                 return
     finally:
         steps.close()
+
+
+class _EndWatch:
+    """Whether every sequence has ended, read without draining the GPU's queue.
+
+    Every ``SYNC_EVERY`` steps the device flag "some sequence is still running" is copied to pinned host
+    memory behind an event, and read ``SYNC_EVERY`` steps later: by then the GPU has normally passed it, so
+    the host waits only if it is further ahead than that, and the GPU always has steps queued (reading the
+    flag at once would stall the host until the queue drains, then leave the GPU idle while it refills). The
+    end is seen fewer than ``2 * SYNC_EVERY`` steps after it happens. On the CPU the flag is read at once.
+    """
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.flag = torch.empty((), dtype=torch.bool, pin_memory=self.cuda)
+        self.event = torch.cuda.Event() if self.cuda else None
+        self.submitted: int | None = None  # the step whose flag is in flight
+
+    def ended(self, step: int, remaining: torch.Tensor) -> bool:
+        """Call after each step with the device's ``remaining`` steps per sequence."""
+        if self.submitted is not None and step - self.submitted >= SYNC_EVERY:
+            self.event.synchronize()
+            self.submitted = None
+            if not bool(self.flag):
+                return True
+        if step % SYNC_EVERY:
+            return False
+        running = (remaining > 0).any()
+        if not self.cuda:
+            return not bool(running)
+        if self.submitted is None:
+            self.flag.copy_(running, non_blocking=True)
+            self.event.record()
+            self.submitted = step
+        return False
 
 
 def _tie_heads_after_load(model: Zonos, incompatible_keys) -> None:

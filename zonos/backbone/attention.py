@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from zonos import ops
 
@@ -50,7 +49,7 @@ class Attention(nn.Module):
         shape = (batch_size, max_seqlen, self.num_heads_kv, self.head_dim)
         return KVCache(torch.zeros(shape, device=device, dtype=dtype), torch.zeros(shape, device=device, dtype=dtype))
 
-    def _qkv(self, u: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _attend(self, u: torch.Tensor, cache: KVCache, position: torch.Tensor, decode: bool) -> torch.Tensor:
         b, l, _ = u.shape
         qkv = ops.linear(u, self.in_proj.weight, self.in_proj.bias)
         q, k, v = torch.split(
@@ -58,35 +57,32 @@ class Attention(nn.Module):
             [self.num_heads * self.head_dim, self.num_heads_kv * self.head_dim, self.num_heads_kv * self.head_dim],
             -1,
         )
-        q = q.view(b, l, self.num_heads, self.head_dim)
-        k = k.view(b, l, self.num_heads_kv, self.head_dim)
-        v = v.view(b, l, self.num_heads_kv, self.head_dim)
-        if self.rotary_dim:
-            q, k = ops.rotary_qk(q, k, positions, self.rotary_dim, self.rotary_base, self.interleaved)
-        return q, k, v
+        positions = position.view(1) if decode else position + torch.arange(l, device=u.device)
+        q = ops.rotate_and_cache(
+            q.view(b, l, self.num_heads, self.head_dim),
+            k.view(b, l, self.num_heads_kv, self.head_dim),
+            v.view(b, l, self.num_heads_kv, self.head_dim),
+            cache.k,
+            cache.v,
+            positions,
+            self.rotary_dim,
+            self.rotary_base,
+            self.interleaved,
+        )
+        attention = ops.decode_attention if decode else ops.prefill_attention
+        o = attention(q, cache.k, cache.v, position)
+        return ops.linear(o.reshape(b, l, self.num_heads * self.head_dim), self.out_proj.weight, self.out_proj.bias)
 
     def forward(self, u: torch.Tensor, cache: KVCache, position: torch.Tensor) -> torch.Tensor:
         """Process (b, l, d) tokens at positions ``position`` .. ``position + l - 1`` (``position`` a device
         scalar), writing their keys and values to the cache; attends over the whole preallocated cache with
         a causal mask, so the same kernels serve every position (graph-safe). The caller checks the bounds."""
-        b, l, _ = u.shape
-        positions = position + torch.arange(l, device=u.device)
-        q, k, v = self._qkv(u, positions)
-        cache.k.index_copy_(1, positions, k)
-        cache.v.index_copy_(1, positions, v)
-        o = ops.prefill_attention(q, cache.k, cache.v, position)
-        return ops.linear(o.reshape(b, l, self.num_heads * self.head_dim), self.out_proj.weight, self.out_proj.bias)
+        return self._attend(u, cache, position, decode=False)
 
     def step(self, u: torch.Tensor, cache: KVCache, position: torch.Tensor) -> torch.Tensor:
         """One token (b, 1, d) at the device scalar ``position``; attends over the whole preallocated cache
         with a mask, so the same kernels serve every position (graph-safe)."""
-        q, k, v = self._qkv(u, position.view(1))
-        cache.k.index_copy_(1, position.view(1), k)
-        cache.v.index_copy_(1, position.view(1), v)
-        o = ops.decode_attention(q, cache.k, cache.v, position)
-        return ops.linear(
-            o.reshape(u.shape[0], 1, self.num_heads * self.head_dim), self.out_proj.weight, self.out_proj.bias
-        )
+        return self._attend(u, cache, position, decode=True)
 
 
 class GatedMLP(nn.Module):
@@ -98,5 +94,4 @@ class GatedMLP(nn.Module):
         self.fc2 = nn.Linear(hidden, d_model, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y, gate = ops.linear(x, self.fc1.weight).chunk(2, dim=-1)
-        return ops.linear(y * F.silu(gate), self.fc2.weight)
+        return ops.linear(ops.silu_mul(ops.linear(x, self.fc1.weight)), self.fc2.weight)

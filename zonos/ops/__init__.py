@@ -4,12 +4,14 @@ Each function here is the specification a fast path (Triton, CuTeDSL) must equal
 fast paths against these on fresh random inputs.
 """
 
+from zonos.ops.activations import silu_mul
 from zonos.ops.attention import decode_attention, prefill_attention
 from zonos.ops.conv import causal_conv1d, conv_step
 from zonos.ops.linear import linear
 from zonos.ops.norms import add_layer_norm, gated_rms_norm
 from zonos.ops.precision import compute_dtype
-from zonos.ops.rotary import apply_rotary, rotary_cos_sin, rotary_qk
+from zonos.ops.rotary import apply_rotary, rotary_cos_sin, rotary_qk, rotate_and_cache
+from zonos.ops.snake import snake
 from zonos.ops.ssd import ssd_scan, ssd_step
 
 __all__ = [
@@ -24,6 +26,9 @@ __all__ = [
     "prefill_attention",
     "rotary_cos_sin",
     "rotary_qk",
+    "rotate_and_cache",
+    "silu_mul",
+    "snake",
     "ssd_scan",
     "ssd_step",
 ]

@@ -45,3 +45,25 @@ def rotary_qk(
     rounded to the activation dtype as :func:`rotary_cos_sin` does."""
     cos, sin = rotary_cos_sin(positions, rotary_dim, base, q.dtype)
     return apply_rotary(q, cos, sin, interleaved), apply_rotary(k, cos, sin, interleaved)
+
+
+def rotate_and_cache(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    positions: torch.Tensor,
+    rotary_dim: int,
+    base: float,
+    interleaved: bool,
+) -> torch.Tensor:
+    """The attention layer's step between its projection and the attention: rotate queries (b, l, hq, d) and
+    keys (b, l, hk, d) at integer ``positions`` (l,) (no rotation when ``rotary_dim`` is 0), store the keys and
+    values (b, l, hk, d) in the caches (b, max_seqlen, hk, d) at rows ``positions``, and return the rotated
+    queries. One op, so a fast path can do it in one launch."""
+    if rotary_dim:
+        q, k = rotary_qk(q, k, positions, rotary_dim, base, interleaved)
+    k_cache.index_copy_(1, positions, k)
+    v_cache.index_copy_(1, positions, v)
+    return q

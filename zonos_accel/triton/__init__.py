@@ -13,7 +13,9 @@ device still run the reference, so a CPU model in the same process is unaffected
 | ``decode_attention`` | split-K GQA over rows ≤ position | ours (:mod:`.attention`) |
 | ``prefill_attention`` | flash-style causal GQA over rows ≤ position + i | ours (:mod:`.attention`) |
 | ``add_layer_norm`` | residual add + LayerNorm, one kernel | ours (:mod:`.norms`) |
-| ``rotary_qk`` | cos/sin in place, one launch per tensor | ours (:mod:`.rotary`) |
+| ``rotate_and_cache`` | rotary on q and k, k and v into the KV cache, one launch | ours (:mod:`.rotary`) |
+| ``silu_mul`` | the gated MLP's value · SiLU(gate), one launch | ours (:mod:`.activations`) |
+| ``snake`` | the DAC's Snake activation, one launch, output in the next conv's dtype | ours (:mod:`.snake`) |
 """
 
 from __future__ import annotations
@@ -34,7 +36,9 @@ _SOURCES = {
     "decode_attention": ("zonos_accel.triton.attention", None),
     "prefill_attention": ("zonos_accel.triton.attention", None),
     "add_layer_norm": ("zonos_accel.triton.norms", None),
-    "rotary_qk": ("zonos_accel.triton.rotary", None),
+    "rotate_and_cache": ("zonos_accel.triton.rotary", None),
+    "silu_mul": ("zonos_accel.triton.activations", None),
+    "snake": ("zonos_accel.triton.snake", None),
 }
 OPS = tuple(_SOURCES)
 _references = {name: getattr(zonos.ops, name) for name in OPS}

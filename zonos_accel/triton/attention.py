@@ -7,7 +7,8 @@ grids here are fixed too, but each program reads the position from the device an
 rows its queries see, so the bytes read grow with the sequence, not with max_seqlen.
 
 - Decode (one token): programs over batch × kv heads × splits of the cache; each handles every query head
-  of its kv head (GQA without copies) with an online softmax in float32; a second kernel merges the splits.
+  of its kv head (GQA without copies: the G query heads padded to a 16-row tile) with tensor-core products
+  and an online softmax in float32; a second kernel merges the splits.
 - Prefill (n tokens): one program per block of query tokens of one (sequence, query head), an online
   softmax over key blocks with tensor-core products (float32 inputs in full precision, not TF32).
 """
@@ -20,10 +21,13 @@ import torch
 import triton
 import triton.language as tl
 
-BLOCK_S = 16  # cache rows per loop iteration (a 4 × 16 × 128 float32 product per program stays in registers)
-CHUNK = 32  # cache rows per split. Measured on the H200 (2026-11-30, position ~130): 16 splits of 256 rows
-# left one program per (sequence, kv head) looping over every row, 30 µs per layer; short splits spread the
-# rows over many programs (those past the position store nothing and exit)
+from zonos_accel.triton import pdl
+from zonos_accel.triton.pdl import enter
+
+# Decode tiling, chosen with benchmarks/decode_attention.py (H200, 2026-11-30; see docs/BENCHMARKS.md).
+CHUNK = 128  # cache rows per split: programs past the position store nothing and exit
+BLOCK_S = 64  # cache rows per loop iteration (tensor-core products of a 16-row query tile)
+SPLIT_WARPS = 4  # warps per split program
 MERGE_BLOCK = 16  # splits merged per loop iteration
 
 
@@ -52,48 +56,50 @@ def _split_kernel(
     D: tl.constexpr,
     DP: tl.constexpr,
     BLOCK: tl.constexpr,
+    PRECISION: tl.constexpr,
+    GDC: tl.constexpr,
 ):
+    enter(GDC)
     bh = tl.program_id(0)
     split = tl.program_id(1)
     b = bh // kv_heads
     h = bh % kv_heads
-    g = tl.arange(0, GP)
+    g = tl.arange(0, GP)  # the kv head's G query heads, padded to a tensor-core tile
     d = tl.arange(0, DP)
     g_ok = g < G
     d_ok = d < D
     last = tl.load(pos_ptr)
     start = split * chunk
-    end = tl.minimum(start + chunk, last + 1)
-    active = start <= last
-    q = tl.load(
-        q_ptr + b * stride_qb + (h * G + g)[:, None] * stride_qh + d[None, :],
-        mask=active & g_ok[:, None] & d_ok[None, :],
-        other=0.0,
-    ).to(tl.float32)
-    q = q * scale
-    m = tl.full((GP,), float("-inf"), tl.float32)
-    l = tl.zeros((GP,), tl.float32)
-    acc = tl.zeros((GP, DP), tl.float32)
-    for s0 in range(start, end, BLOCK):
-        s = s0 + tl.arange(0, BLOCK)
-        s_ok = s < end
-        kv_mask = s_ok[:, None] & d_ok[None, :]
-        k_rows = k_ptr + b * stride_kb + h * stride_kh + s[:, None] * stride_ks
-        k = tl.load(k_rows + d[None, :], mask=kv_mask, other=0.0)
-        scores = tl.sum(q[:, None, :] * k.to(tl.float32)[None, :, :], axis=2)  # (GP, BLOCK)
-        scores = tl.where(s_ok[None, :], scores, float("-inf"))
-        m_new = tl.maximum(m, tl.max(scores, axis=1))
-        p = tl.exp(scores - m_new[:, None])
-        alpha = tl.exp(m - m_new)
-        l = l * alpha + tl.sum(p, axis=1)
-        v_rows = v_ptr + b * stride_vb + h * stride_vh + s[:, None] * stride_vs
-        v = tl.load(v_rows + d[None, :], mask=kv_mask, other=0.0)
-        acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v.to(tl.float32)[None, :, :], axis=1)
-        m = m_new
-    row = (bh * n_splits + split) * GP + g  # partials laid out (b, kv_heads, splits, GP, ...)
-    tl.store(acc_ptr + row[:, None] * DP + d[None, :], acc, mask=active)
-    tl.store(ml_ptr + row * 2, m, mask=active)
-    tl.store(ml_ptr + row * 2 + 1, l, mask=active)
+    if start <= last:
+        end = tl.minimum(start + chunk, last + 1)
+        q = tl.load(
+            q_ptr + b * stride_qb + (h * G + g)[:, None] * stride_qh + d[None, :],
+            mask=g_ok[:, None] & d_ok[None, :],
+            other=0.0,
+        )
+        m = tl.full((GP,), float("-inf"), tl.float32)
+        l = tl.zeros((GP,), tl.float32)
+        acc = tl.zeros((GP, DP), tl.float32)
+        for s0 in range(start, end, BLOCK):
+            s = s0 + tl.arange(0, BLOCK)
+            s_ok = s < end
+            kv_mask = s_ok[:, None] & d_ok[None, :]
+            k_rows = k_ptr + b * stride_kb + h * stride_kh + s[:, None] * stride_ks
+            k = tl.load(k_rows + d[None, :], mask=kv_mask, other=0.0)
+            scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale  # (GP, BLOCK) in float32
+            scores = tl.where(s_ok[None, :], scores, float("-inf"))
+            m_new = tl.maximum(m, tl.max(scores, axis=1))
+            p = tl.exp(scores - m_new[:, None])
+            alpha = tl.exp(m - m_new)
+            l = l * alpha + tl.sum(p, axis=1)
+            v_rows = v_ptr + b * stride_vb + h * stride_vh + s[:, None] * stride_vs
+            v = tl.load(v_rows + d[None, :], mask=kv_mask, other=0.0)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+            m = m_new
+        row = (bh * n_splits + split) * G + g  # partials laid out (b, kv_heads, splits, G, ...)
+        tl.store(acc_ptr + row[:, None] * DP + d[None, :], acc, mask=g_ok[:, None])
+        tl.store(ml_ptr + row * 2, m, mask=g_ok)
+        tl.store(ml_ptr + row * 2 + 1, l, mask=g_ok)
 
 
 @triton.jit
@@ -108,11 +114,12 @@ def _merge_kernel(
     stride_oh,
     kv_heads,
     G: tl.constexpr,
-    GP: tl.constexpr,
     D: tl.constexpr,
     DP: tl.constexpr,
     SB: tl.constexpr,
+    GDC: tl.constexpr,
 ):
+    enter(GDC)
     pid = tl.program_id(0)  # one query head of one sequence
     b = pid // (kv_heads * G)
     hq = pid % (kv_heads * G)
@@ -126,7 +133,7 @@ def _merge_kernel(
     for s0 in range(0, active, SB):
         sp = s0 + tl.arange(0, SB)
         sp_ok = sp < active
-        row = ((b * kv_heads + h) * n_splits + sp) * GP + g
+        row = ((b * kv_heads + h) * n_splits + sp) * G + g
         m = tl.load(ml_ptr + row * 2, mask=sp_ok, other=float("-inf"))
         l = tl.load(ml_ptr + row * 2 + 1, mask=sp_ok, other=0.0)
         acc = tl.load(acc_ptr + row[:, None] * DP + d[None, :], mask=sp_ok[:, None], other=0.0)
@@ -151,11 +158,10 @@ def decode_attention(
     if q.stride(-1) != 1:
         q = q.contiguous()
     g = hq // hkv
-    gp, dp = triton.next_power_of_2(g), triton.next_power_of_2(d)
-    chunk = CHUNK
-    n_splits = triton.cdiv(max_seqlen, chunk)
-    acc = torch.empty(b * hkv * n_splits * gp, dp, device=q.device, dtype=torch.float32)
-    ml = torch.empty(b * hkv * n_splits * gp, 2, device=q.device, dtype=torch.float32)
+    dp = max(16, triton.next_power_of_2(d))
+    n_splits = triton.cdiv(max_seqlen, CHUNK)
+    acc = torch.empty(b * hkv * n_splits * g, dp, device=q.device, dtype=torch.float32)
+    ml = torch.empty(b * hkv * n_splits * g, 2, device=q.device, dtype=torch.float32)
     out = torch.empty(b, 1, hq, d, device=q.device, dtype=q.dtype)
     _split_kernel[(b * hkv, n_splits)](
         q,
@@ -166,7 +172,7 @@ def decode_attention(
         ml,
         1.0 / math.sqrt(d),
         hkv,
-        chunk,
+        CHUNK,
         n_splits,
         q.stride(0),
         q.stride(1),
@@ -177,26 +183,29 @@ def decode_attention(
         v_cache.stride(1),
         v_cache.stride(2),
         G=g,
-        GP=gp,
+        GP=max(16, triton.next_power_of_2(g)),
         D=d,
         DP=dp,
         BLOCK=BLOCK_S,
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        num_warps=SPLIT_WARPS,
+        **pdl.options(q.device),
     )
     _merge_kernel[(b * hq,)](
         acc,
         ml,
         out,
         position,
-        chunk,
+        CHUNK,
         n_splits,
         out.stride(0),
         out.stride(2),
         hkv,
         G=g,
-        GP=gp,
         D=d,
         DP=dp,
         SB=MERGE_BLOCK,
+        **pdl.options(q.device),
     )
     return out
 
@@ -234,7 +243,9 @@ def _prefill_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     PRECISION: tl.constexpr,
+    GDC: tl.constexpr,
 ):
+    enter(GDC)
     block = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // heads
@@ -316,5 +327,6 @@ def prefill_attention(
         BLOCK_M=block_m,
         BLOCK_N=PREFILL_BLOCK_N,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        **pdl.options(q.device),
     )
     return out

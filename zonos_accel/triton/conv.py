@@ -12,6 +12,9 @@ import torch
 import triton
 import triton.language as tl
 
+from zonos_accel.triton import pdl
+from zonos_accel.triton.pdl import enter
+
 BLOCK_C = 256  # channels per program; conv_dim 4352 at Zonos-v0.1-hybrid size gives 17 × batch programs
 
 
@@ -34,7 +37,9 @@ def _conv_step_kernel(
     KP: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     BLOCK: tl.constexpr,
+    GDC: tl.constexpr,
 ):
+    enter(GDC)
     b = tl.program_id(0)
     c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     k = tl.arange(0, KP)
@@ -81,5 +86,6 @@ def conv_step(
         KP=triton.next_power_of_2(k),
         HAS_BIAS=bias is not None,
         BLOCK=BLOCK_C,
+        **pdl.options(x.device),
     )
     return y

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import sys
 
 import torch
 
@@ -20,12 +21,30 @@ INSTALL_HINT = "pip install 'zonos-accel[gpu]'"
 def mamba_module(name: str):
     """``mamba_ssm.ops.triton.<name>``, or an ImportError that says what to install."""
     try:
-        return importlib.import_module(f"mamba_ssm.ops.triton.{name}")
+        module = importlib.import_module(f"mamba_ssm.ops.triton.{name}")
     except ImportError as e:
         raise ImportError(
             f"this fast path needs the mamba_ssm package (its Triton kernels), which failed to import ({e}); "
             f"install it with {INSTALL_HINT}"
         ) from e
+    _keep_autotuning_on_disk()
+    return module
+
+
+def _keep_autotuning_on_disk() -> None:
+    """Store the autotuning results of mamba_ssm's kernels in Triton's on-disk cache, beside the compiled
+    kernels (what TRITON_CACHE_AUTOTUNING=1 does for every kernel). Without it each new process benchmarks the
+    SSD scan's configs again in its first prefill: 6.5 s of a warm process's first request on the H200
+    (benchmarks/first_request.py, 2026-11-30)."""
+    from triton.runtime.autotuner import Autotuner
+
+    for name, module in list(sys.modules.items()):
+        if name.startswith("mamba_ssm.ops.triton.") and module is not None:
+            for obj in vars(module).values():
+                while hasattr(obj, "fn"):  # through heuristics wrappers to the autotuner, if any
+                    if isinstance(obj, Autotuner):
+                        obj.cache_results = True
+                    obj = obj.fn
 
 
 _zero_bias: dict[tuple, torch.Tensor] = {}

@@ -11,6 +11,9 @@ import torch
 import triton
 import triton.language as tl
 
+from zonos_accel.triton import pdl
+from zonos_accel.triton.pdl import enter
+
 
 @triton.jit
 def _add_layer_norm_kernel(
@@ -29,7 +32,9 @@ def _add_layer_norm_kernel(
     HAS_RESIDUAL: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     BLOCK: tl.constexpr,
+    GDC: tl.constexpr,
 ):
+    enter(GDC)
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     ok = cols < n
@@ -80,5 +85,6 @@ def add_layer_norm(
         HAS_BIAS=bias is not None,
         BLOCK=block,
         num_warps=min(max(block // 256, 1), 8),
+        **pdl.options(h.device),
     )
     return out.reshape(shape), (hidden if residual is None else total.reshape(shape))

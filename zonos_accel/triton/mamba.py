@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import importlib
 import sys
+from collections.abc import Iterator
 
 import torch
 
@@ -36,6 +37,12 @@ def _keep_autotuning_on_disk() -> None:
     kernels (what TRITON_CACHE_AUTOTUNING=1 does for every kernel). Without it each new process benchmarks the
     SSD scan's configs again in its first prefill: 6.5 s of a warm process's first request on the H200
     (benchmarks/first_request.py, 2026-11-30)."""
+    for tuner in mamba_autotuners():
+        tuner.cache_results = True
+
+
+def mamba_autotuners() -> Iterator:
+    """The Triton autotuners of the mamba_ssm kernel modules imported so far."""
     from triton.runtime.autotuner import Autotuner
 
     for name, module in list(sys.modules.items()):
@@ -43,7 +50,7 @@ def _keep_autotuning_on_disk() -> None:
             for obj in vars(module).values():
                 while hasattr(obj, "fn"):  # through heuristics wrappers to the autotuner, if any
                     if isinstance(obj, Autotuner):
-                        obj.cache_results = True
+                        yield obj
                     obj = obj.fn
 
 

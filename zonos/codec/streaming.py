@@ -28,24 +28,15 @@ frames: ``3 + 39 + 1 + 2*39 + 2*2 + 8*39 + 8*4 + 64*39 + 64*4 + 512*3 = 4757``.
 
 Cost: the convolutions do exactly the one-shot decoder's multiply-accumulates, whatever the chunk
 sizes (a test counts them).  The state is each conv's last ``(k - 1) d`` input samples, each
-transposed conv's ``k - s`` partial sums and each residual unit's not-yet-matched inputs.  What
-small chunks add is per-call overhead: a push launches ~500 small kernels.  On one H200 (full-size
-DAC, random weights, fp16 autocast, 256 frames; one-shot 0.036-0.047 ms per frame), pushed eagerly
-in chunks of 1 / 2 / 4 / 8 / 16 / 32 frames: 7.9 / 3.1 / 2.6 / 0.81 / 0.43 / 0.23 ms per frame,
-launch bound.  On CUDA the pushes are therefore replayed from CUDA graphs (see
-:class:`StreamingDACDecoder`): 1.6 / 0.81 / 0.42 / 0.23 / 0.13 / 0.079 ms per frame
-(``benchmarks/streaming.py``'s vocoder table), the first push of 11 frames 3.0 ms instead of 10.8.
-What is left is the GPU time of those kernels, ~1.6-2.5 ms per push whatever its size.  The stream
-matched the one-shot decode at 118 dB in fp32 (TF32 off; graphs bit for bit equal to the eager
-pushes) and at 56.6 dB under fp16 autocast (fp16 rounding: the eager pushes give the same samples).
-Those timings predate folding each Snake into the stage of the conv it feeds, where it writes its
-output in the conv's dtype (no autocast cast), into the conv's input buffer when it has one (no cat):
-a steady push's stages now dispatch 136 ops with the Triton Snake (one launch each), or 310 with
-torch's (seven ops each), instead of 339 under autocast.  On the H200 with the Triton Snake, a
-steady push of 1 / 2 / 8 frames launches 263 / 275 / 274 kernels (was 466 / 478 / 477) and takes
-1.36 / 1.47 / 1.51 ms of GPU time replayed (was 1.88 / 1.89 / 1.98).  A third of the kernel time
-left (0.32 of 0.98 ms) is cuDNN's NCHW-to-NHWC transforms, 35 per push: likely the fp16 weights,
-re-laid out in every call.
+transposed conv's ``k - s`` partial sums and each residual unit's not-yet-matched inputs.  Each Snake
+runs inside the stage of the conv it feeds and writes its output in the conv's dtype, straight into
+the conv's ``[history | new]`` input buffer where there is one (no autocast cast, no cat).  What
+small chunks add is per-call overhead: on CUDA the pushes are replayed from CUDA graphs (see
+:class:`StreamingDACDecoder`), and a steady push is still ~270 kernels, ~1.2-1.5 ms of GPU time on
+an H200 whatever its size (the one-shot decode costs ~0.03 ms per frame; ``benchmarks/streaming.py``
+and docs/BENCHMARKS.md have the tables).  A third of that is cuDNN's NCHW/NHWC layout transforms.
+The stream matches the one-shot decode at 118 dB in fp32 (TF32 off; graphs bit for bit equal to
+the eager pushes) and at 56.6 dB under fp16 autocast (fp16 rounding of the shorter convolutions).
 """
 
 from __future__ import annotations

@@ -39,7 +39,7 @@ SHAPES = {
     "attn out": (2048, 2048),
     "mlp fc1": (16384, 2048),
     "mlp fc2": (2048, 8192),
-    "heads (9 fused)": (9225, 2048),
+    "heads (9 fused)": (9232, 2048),  # 9 · 1025 rows, zero-padded to a multiple of 16 as the model stacks them
 }
 MAMBA_LAYERS, ATTN_LAYERS = 34, 12
 MAMBA_LAYER = ("mamba in_proj", "mamba out_proj")

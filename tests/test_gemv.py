@@ -13,8 +13,8 @@ import zonos_accel.gemv as cute_gemv
 from zonos.ops.linear import linear as reference_linear
 from zonos_accel.gemv.config import MAX_ROWS, VEC, WARP, candidate_configs, cdiv, gemv_config
 
-# Zonos-v0.1-hybrid (N, K): Mamba2 in/out, attention qkv/out, MLP fc1/fc2, the 9 heads fused.
-ZONOS_SHAPES = [(8512, 2048), (2048, 4096), (3072, 2048), (2048, 2048), (16384, 2048), (2048, 8192), (9225, 2048)]
+# Zonos-v0.1-hybrid (N, K): Mamba2 in/out, attention qkv/out, MLP fc1/fc2, the 9 heads fused (padded to 9232 rows).
+ZONOS_SHAPES = [(8512, 2048), (2048, 4096), (3072, 2048), (2048, 2048), (16384, 2048), (2048, 8192), (9232, 2048)]
 RAGGED_SHAPES = [(1000, 2056), (1000, 2040), (100, 8200), (24, 16384), (7, 8), (1, 24)]
 
 

@@ -14,8 +14,8 @@ from zonos_accel.gemv.config import candidate_configs
 
 HAVE_CUTLASS = importlib.util.find_spec("cutlass") is not None
 
-# Zonos-v0.1-hybrid (N, K): Mamba2 in/out, attention qkv/out, MLP fc1/fc2, the 9 heads fused (9 · 1025).
-ZONOS_SHAPES = [(8512, 2048), (2048, 4096), (3072, 2048), (2048, 2048), (16384, 2048), (2048, 8192), (9225, 2048)]
+# Zonos-v0.1-hybrid (N, K): Mamba2 in/out, attention qkv/out, MLP fc1/fc2, the 9 heads fused (padded to 9232 rows).
+ZONOS_SHAPES = [(8512, 2048), (2048, 4096), (3072, 2048), (2048, 2048), (16384, 2048), (2048, 8192), (9232, 2048)]
 # N off the row tiles, K off the warp chunks (2056 = 8 · 257, 2040 = 8 · 255), few rows (split-K), tiny.
 RAGGED_SHAPES = [(1000, 2056), (1000, 2040), (100, 8200), (24, 16384), (7, 8), (1, 24)]
 

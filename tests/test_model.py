@@ -209,3 +209,28 @@ def test_heads_run_as_one_matrix(tmp_path, codec):
     model.load_state_dict(state)
     assert torch.equal(model.heads_weight[1025:2050], state["heads.1.weight"])
     torch.testing.assert_close(model.apply_heads(hidden.double()), separate(hidden.double()), rtol=1e-12, atol=1e-12)
+    assert model.heads_weight.shape[0] == 9232 and not model.heads_weight[9225:].any()  # zero pad to 16 rows
+
+
+def test_embeddings_run_as_one_table(tmp_path, codec):
+    """The 9 code embeddings are one lookup in the stacked tables (views of it, outside the state dict),
+    equal to the sum of the 9 separate lookups, after loading, in-place edits and casts."""
+    model = Zonos.from_local(*_save(tmp_path, "hybrid"), device="cpu", autoencoder=codec)
+    assert not any("embeddings_weight" in k for k in model.state_dict())
+    codes = torch.randint(0, 1026, (2, 9, 5))
+    codes[0, :, 0] = torch.tensor([0, 1025, 0, 1025, 0, 1025, 0, 1025, 0])  # the first and last row of tables
+
+    def separate(c):
+        return sum(torch.nn.functional.embedding(c[:, k], emb.weight) for k, emb in enumerate(model.embeddings))
+
+    torch.testing.assert_close(model.embed_codes(codes), separate(codes), rtol=1e-6, atol=1e-6)
+    with torch.no_grad():
+        model.embeddings[3].weight.mul_(-2)  # the stacked table is the same memory
+    torch.testing.assert_close(model.embed_codes(codes), separate(codes), rtol=1e-6, atol=1e-6)
+    model.double()
+    assert model.embeddings_weight.dtype == torch.float64 and model.embeddings_weight.shape[0] == 9 * 1026
+    torch.testing.assert_close(model.embed_codes(codes), separate(codes), rtol=1e-12, atol=1e-12)
+    state = {k: torch.randn_like(v) for k, v in model.state_dict().items()}
+    model.load_state_dict(state)
+    assert torch.equal(model.embeddings_weight[1026:2052], state["embeddings.1.weight"])
+    torch.testing.assert_close(model.embed_codes(codes), separate(codes), rtol=1e-12, atol=1e-12)

@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 from safetensors import safe_open
 from tqdm import tqdm
 
@@ -29,6 +30,9 @@ CODEBOOK_SIZE = 1024
 UNKNOWN = -1  # a delayed-code slot not generated yet
 DEFAULT_CODEC = "descript/dac_44khz"
 SYNC_EVERY = 4  # decode steps between checks for the end of generation (see _EndWatch)
+# cuBLAS runs the heads' (2, 2048) × (9225, 2048)ᵀ product with a slow GEMV kernel for the odd N (23.8 µs per
+# step on the H200, where N = 8512 takes 11.6 µs), so the stacked heads get zero rows up to a multiple of 16.
+HEADS_ROW_MULTIPLE = 16
 DEFAULT_FIRST_CHUNK_FRAMES = 2
 DEFAULT_CHUNK_FRAMES = 8
 
@@ -51,11 +55,14 @@ class Zonos(nn.Module):
         self.prefix_conditioner = PrefixConditioner(config.prefix_conditioner, d)
         self.embeddings = nn.ModuleList([nn.Embedding(CODEBOOK_SIZE + 2, d) for _ in range(N_CODEBOOKS)])
         self.heads = nn.ModuleList([nn.Linear(d, CODEBOOK_SIZE + 1, bias=False) for _ in range(N_CODEBOOKS)])
-        # The 9 heads as one (9·1025, d) matrix, so a step runs one GEMV instead of 9; each head's weight is a
-        # view of it (in-place edits stay shared). Outside the state dict; tied again after loads and casts.
+        # The 9 heads as one (9·1025 + pad, d) matrix and the 9 tables as one (9·1026, d) table, so a step runs
+        # one GEMV and one lookup instead of 9 each; every module's weight is a view of its stack (in-place
+        # edits stay shared). Outside the state dict; tied again after loads and casts.
         self.register_buffer("heads_weight", torch.empty(0), persistent=False)
-        self.register_load_state_dict_post_hook(_tie_heads_after_load)
-        self.tie_heads()
+        self.register_buffer("embeddings_weight", torch.empty(0), persistent=False)
+        self.code_offsets: torch.Tensor | None = None  # (9, 1): table k's first row in the stacked tables
+        self.register_load_state_dict_post_hook(_tie_weights_after_load)
+        self.tie_weights()
         # Upstream pads the 1025-row heads by (1025 mod multiple) zero rows after loading and masks the pad to
         # -inf; the pad's width matters because the repetition penalty clamps MASK ids to the last column.
         m = config.pad_vocab_to_multiple_of
@@ -178,28 +185,20 @@ class Zonos(nn.Module):
         self.load_state_dict(state, strict=True, assign=True)
 
     @torch.no_grad()
-    def tie_heads(self) -> None:
-        """Make ``heads_weight`` the 9 heads' weights stacked, and each head's weight a view of it. Runs after
-        load_state_dict and casts (a no-op when already tied, so CUDA graphs that read it stay valid); call it
-        after replacing a head's weight tensor."""
-        rows = CODEBOOK_SIZE + 1
-        fused = self.heads_weight
-        if not fused.is_meta and all(
-            head.weight.dtype == fused.dtype
-            and head.weight.device == fused.device
-            and head.weight.shape == fused[:rows].shape
-            and head.weight.data_ptr() == fused[k * rows :].data_ptr()
-            for k, head in enumerate(self.heads)
-        ):
-            return
-        fused = torch.cat([head.weight for head in self.heads])
-        for k, head in enumerate(self.heads):
-            head.weight = nn.Parameter(fused[k * rows : (k + 1) * rows], requires_grad=head.weight.requires_grad)
-        self.heads_weight = fused
+    def tie_weights(self) -> None:
+        """Make ``heads_weight`` the 9 heads' weights stacked (zero rows appended to a multiple of 16) and
+        ``embeddings_weight`` the 9 embedding tables stacked, each module's weight a view of its stack. Runs
+        after load_state_dict and casts (a no-op when already tied, so CUDA graphs that read them stay valid);
+        call it after replacing a head's or table's weight tensor."""
+        self.heads_weight = _stack(self.heads_weight, self.heads, HEADS_ROW_MULTIPLE)
+        self.embeddings_weight = _stack(self.embeddings_weight, self.embeddings, 1)
+        device = self.embeddings_weight.device
+        if self.code_offsets is None or self.code_offsets.device != device:
+            self.code_offsets = torch.arange(N_CODEBOOKS, device=device)[:, None] * (CODEBOOK_SIZE + 2)
 
     def _apply(self, fn, recurse=True):
         super()._apply(fn, recurse)
-        self.tie_heads()  # a cast or move gives each head its own tensor again
+        self.tie_weights()  # a cast or move gives each head and table its own tensor again
         return self
 
     @property
@@ -263,12 +262,14 @@ class Zonos(nn.Module):
     # -------------------------------------------------------------------------------------- the network
 
     def embed_codes(self, codes: torch.Tensor) -> torch.Tensor:
-        """(b, 9, l) code ids → (b, l, d): the sum of the 9 codebook embeddings."""
-        return sum(emb(codes[:, k]) for k, emb in enumerate(self.embeddings))
+        """(b, 9, l) code ids in 0..1025 → (b, l, d): the sum of the 9 codebook embeddings (one lookup in the
+        stacked tables, one sum; ids must be in range, since an id past a table reads the next one)."""
+        return F.embedding(codes + self.code_offsets, self.embeddings_weight).sum(1)
 
     def apply_heads(self, hidden: torch.Tensor) -> torch.Tensor:
         """(b, d) → float logits (b, 9, 1025) over the codes and EOS (the 9 heads as one matrix product)."""
-        return ops.linear(hidden, self.heads_weight).unflatten(-1, (N_CODEBOOKS, CODEBOOK_SIZE + 1)).float()
+        logits = ops.linear(hidden, self.heads_weight)[..., : N_CODEBOOKS * (CODEBOOK_SIZE + 1)]
+        return logits.unflatten(-1, (N_CODEBOOKS, CODEBOOK_SIZE + 1)).float()
 
     def _guided_logits(self, last_hidden: torch.Tensor, cfg_scale: float) -> torch.Tensor:
         """Heads, classifier-free guidance, then upstream's padding to ``logit_width`` with -inf columns."""
@@ -577,5 +578,31 @@ class _EndWatch:
         return False
 
 
-def _tie_heads_after_load(model: Zonos, incompatible_keys) -> None:
-    model.tie_heads()
+def _stack(stacked: torch.Tensor, modules: nn.ModuleList, row_multiple: int) -> torch.Tensor:
+    """The modules' (rows, d) weights as row blocks of one matrix, zero rows appended to a multiple of
+    ``row_multiple``, each module's weight made a view of its block; ``stacked`` itself if it already is."""
+    weights = [m.weight for m in modules]
+    rows, d = weights[0].shape
+    n = rows * len(weights)
+    if (
+        not stacked.is_meta
+        and stacked.dim() == 2
+        and stacked.shape[0] >= n
+        and all(
+            w.dtype == stacked.dtype
+            and w.device == stacked.device
+            and w.shape == stacked[:rows].shape
+            and w.data_ptr() == stacked[k * rows :].data_ptr()
+            for k, w in enumerate(weights)
+        )
+    ):
+        return stacked
+    stacked = weights[0].new_zeros(-(-n // row_multiple) * row_multiple, d)
+    for k, (m, w) in enumerate(zip(modules, weights)):
+        stacked[k * rows : (k + 1) * rows].copy_(w)
+        m.weight = nn.Parameter(stacked[k * rows : (k + 1) * rows], requires_grad=w.requires_grad)
+    return stacked
+
+
+def _tie_weights_after_load(model: Zonos, incompatible_keys) -> None:
+    model.tie_weights()

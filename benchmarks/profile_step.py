@@ -23,7 +23,8 @@ from zonos_accel.graph import disable_cuda_graphs, enable_cuda_graphs
 GROUPS = [
     ("decode attention (ours)", r"_split_kernel|_merge_kernel"),
     ("residual add + LayerNorm (ours)", r"_add_layer_norm_kernel"),
-    ("rotary (ours)", r"_rotary_kernel"),
+    ("rotary + KV write (ours)", r"_rotate_and_cache_kernel"),
+    ("MLP SiLU·mul (ours)", r"_silu_mul_kernel"),
     ("conv_step (ours)", r"_conv_step_kernel"),
     ("ssd_step (mamba_ssm)", r"_selective_scan_update"),
     ("gated RMSNorm (mamba_ssm)", r"_layer_norm_fwd_1pass"),

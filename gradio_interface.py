@@ -381,14 +381,25 @@ def build_demo(
 class ModelCache:
     """A :data:`ModelLoader` that keeps one model in memory: asking for another frees the current one first.
 
-    The DAC codec is loaded once, on first use, and shared by every model.
+    The DAC codec is loaded once, on first use, and shared by every model. ``warmup`` (default: on CUDA) runs
+    :meth:`Zonos.warmup` with the demo's chunk schedule after each load, so the first visitor does not wait
+    for kernel compilation and graph capture.
     """
 
-    def __init__(self, codec: str = DEFAULT_CODEC, device: str | torch.device | None = None) -> None:
+    def __init__(
+        self,
+        codec: str = DEFAULT_CODEC,
+        device: str | torch.device | None = None,
+        warmup: bool | None = None,
+        first_chunk_frames: int = DEFAULT_FIRST_CHUNK_FRAMES,
+        chunk_frames: int = DEFAULT_CHUNK_FRAMES,
+    ) -> None:
         from zonos.utils import default_device
 
         self.codec_name = codec
         self.device = torch.device(device) if device else default_device()
+        self.warmup = self.device.type == "cuda" if warmup is None else warmup
+        self.schedule = {"first_chunk_frames": first_chunk_frames, "chunk_frames": chunk_frames}
         self._codec = None
         self._name: str | None = None
         self._model: Zonos | None = None
@@ -412,6 +423,9 @@ class ModelCache:
             self._model.spk_clone_model = speaker_model  # the speaker embedding model serves every model
             self._name = name
             print(f"loaded {name} on {self.device} in {time.perf_counter() - t0:.1f} s", flush=True)
+            if self.warmup:
+                seconds = self._model.warmup(**self.schedule)
+                print(f"warmed up {name} in {seconds:.1f} s", flush=True)
             return self._model
 
 
@@ -460,6 +474,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--chunk-frames", type=int, default=DEFAULT_CHUNK_FRAMES, help="frames in each later chunk")
     p.add_argument("--no-preload", action="store_true", help="load the first model on the first request, not at start")
+    p.add_argument(
+        "--no-warmup",
+        action="store_true",
+        help="skip the warm-up after each model load (on CUDA it compiles kernels and captures graphs up front, "
+        "~40 s the first time on a machine, ~2 s once the kernel caches are warm)",
+    )
     args = p.parse_args(argv)
     args.model = args.model or list(DEFAULT_MODELS)
     for name in ("first_chunk_frames", "chunk_frames"):
@@ -479,7 +499,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             "warning: ffmpeg is not on PATH; Gradio needs it to stream audio to the browser (apt-get install ffmpeg)",
             flush=True,
         )
-    loader = ModelCache(codec=args.codec, device=args.device)
+    loader = ModelCache(
+        codec=args.codec,
+        device=args.device,
+        warmup=False if args.no_warmup else None,
+        first_chunk_frames=args.first_chunk_frames,
+        chunk_frames=args.chunk_frames,
+    )
     if not args.no_preload:
         loader(args.model[0])
     demo = build_demo(loader, args.model, args.first_chunk_frames, args.chunk_frames)

@@ -74,7 +74,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="run the decode projections through our CuTeDSL GEMV instead of cuBLAS (CUDA + nvidia-cutlass-dsl)",
     )
-    p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    p.add_argument(
+        "--no-warmup",
+        action="store_true",
+        help="with --stream on CUDA: skip the warm-up request that compiles kernels and captures graphs before the "
+        "timed one (without it the reported time to first audio includes them: ~40 s the first time on a machine)",
+    )
+    p.add_argument("--no-progress", action="store_true", help="hide the progress bars")
     return p.parse_args(argv)
 
 
@@ -114,6 +120,16 @@ def main(argv: list[str] | None = None) -> int:
         generator=generator,
     )
     sr = model.autoencoder.sampling_rate
+    if args.stream and device.type == "cuda" and not args.no_warmup:
+        schedule = {k: getattr(args, k) for k in ("first_chunk_frames", "chunk_frames") if getattr(args, k)}
+        seconds = model.warmup(
+            prefix_length=prefix.shape[1],
+            cfg_scale=args.cfg_scale,
+            sampling_params=kwargs["sampling_params"],
+            progress_bar=not args.no_progress,
+            **schedule,
+        )
+        print(f"warmed up in {seconds:.1f} s", file=sys.stderr)
     t0 = time.perf_counter()
     if args.stream:
         seconds = stream_to_file(model, prefix, args, kwargs, t0)

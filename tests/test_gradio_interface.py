@@ -230,6 +230,7 @@ def test_model_cache_and_main(model, tmp_path, monkeypatch):
         path.mkdir()
         save_tiny_checkpoint(path, "transformer", seed=seed)
     cache = gi.ModelCache(codec="my/codec", device="cpu")
+    assert not cache.warmup  # on by default only on CUDA
     first = cache(str(a))
     assert cache(str(a)) is first and first.autoencoder is model.autoencoder
     first.spk_clone_model = marker = object()
@@ -240,3 +241,16 @@ def test_model_cache_and_main(model, tmp_path, monkeypatch):
     monkeypatch.setattr(gr.Blocks, "launch", lambda self, **kw: launched.update(kw))
     assert gi.main(["--model", str(a), "--device", "cpu", "--port", "7999", "--codec", "x/y"]) == 0
     assert launched == {"server_name": "127.0.0.1", "server_port": 7999, "share": False}
+
+
+def test_model_cache_warms_up_with_the_demo_schedule(model, tmp_path, monkeypatch, capsys):
+    from zonos.codec import DACAutoencoder as PublicDAC
+
+    monkeypatch.setattr(PublicDAC, "from_pretrained", staticmethod(lambda name, device: model.autoencoder))
+    calls = []
+    monkeypatch.setattr(gi.Zonos, "warmup", lambda self, **kw: calls.append(kw) or 1.5)
+    save_tiny_checkpoint(tmp_path, "hybrid")
+    gi.ModelCache(device="cpu", warmup=True, first_chunk_frames=3, chunk_frames=5)(str(tmp_path))
+    assert calls == [{"first_chunk_frames": 3, "chunk_frames": 5}]
+    assert "warmed up" in capsys.readouterr().out
+    assert gi.parse_args(["--no-warmup"]).no_warmup

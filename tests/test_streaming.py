@@ -126,3 +126,15 @@ def test_bad_chunk_sizes(model, prefix, bad):
         _run(model, prefix, seed=0, stream=True, chunk_frames=bad)
     with pytest.raises(ValueError, match="first_chunk_frames must be a positive int"):
         _run(model, prefix, seed=0, stream=True, first_chunk_frames=bad)
+
+
+def test_warmup_leaves_no_trace(model, prefix, capsys):
+    """``warmup`` runs two streamed requests behind a progress bar; afterwards a request gives what it gives on
+    a model that never warmed up, and the caller's random streams are untouched."""
+    before = _run(model, prefix, seed=5)
+    cpu_rng = torch.get_rng_state()
+    seconds = model.warmup(prefix_length=7, frames=12, first_chunk_frames=1, chunk_frames=3)
+    assert seconds > 0
+    assert "Warming up" in capsys.readouterr().err
+    assert torch.equal(torch.get_rng_state(), cpu_rng)
+    assert torch.equal(_run(model, prefix, seed=5), before)

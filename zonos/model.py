@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from collections import deque
 from collections.abc import Callable, Iterator
 
@@ -524,6 +525,48 @@ class Zonos(nn.Module):
         )
         delayed, offset = deque(_with_callback(steps, callback), maxlen=1)[0]  # run the loop, keep the last update
         return self._frames(delayed, offset)
+
+    @torch.inference_mode()
+    def warmup(
+        self,
+        prefix_length: int = 120,
+        frames: int = 32,
+        cfg_scale: float = 2.0,
+        sampling_params: dict | None = None,
+        first_chunk_frames: int = DEFAULT_FIRST_CHUNK_FRAMES,
+        chunk_frames: int = DEFAULT_CHUNK_FRAMES,
+        progress_bar: bool = True,
+    ) -> float:
+        """Pay now, behind a progress bar, what the first request would pay: two short streamed requests on
+        random conditioning of ``prefix_length`` tokens compile and autotune the GPU kernels (Triton keeps
+        both on disk, so only the first process on a machine waits long: ~40 s on an H200, later ones ~2 s)
+        and capture the CUDA graphs of the decode step, of the prefill pieces for that length and of the
+        vocoder's pushes, which later requests replay. The graphs are keyed by the request's settings, so pass
+        the ones the requests will use; other prefix lengths may capture one or two prefill pieces more.
+        Returns the seconds it took; the model is ready for the next request.
+        """
+        start = time.perf_counter()
+        d = self.config.backbone.d_model
+        rows = 2 if cfg_scale != 1.0 else 1
+        generator = torch.Generator(self.device).manual_seed(0)  # leaves the caller's random streams alone
+        prefix = torch.randn(rows, prefix_length, d, device=self.device, generator=generator).to(self.dtype)
+        with tqdm(
+            total=2 * frames, desc="Warming up kernels and graphs", unit="frame", disable=not progress_bar
+        ) as bar:
+            for _ in range(2):  # the vocoder captures a push's graph the second time its shape occurs
+                for chunk in self.generate(
+                    prefix,
+                    max_new_tokens=frames,
+                    cfg_scale=cfg_scale,
+                    sampling_params=sampling_params,
+                    progress_bar=False,
+                    generator=generator,
+                    stream=True,
+                    first_chunk_frames=first_chunk_frames,
+                    chunk_frames=chunk_frames,
+                ):
+                    bar.update(chunk.frames[1] - chunk.frames[0])
+        return time.perf_counter() - start
 
 
 def _with_callback(

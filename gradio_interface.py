@@ -382,8 +382,8 @@ class ModelCache:
     """A :data:`ModelLoader` that keeps one model in memory: asking for another frees the current one first.
 
     The DAC codec is loaded once, on first use, and shared by every model. ``warmup`` (default: on CUDA) runs
-    :meth:`Zonos.warmup` with the demo's chunk schedule after each load, so the first visitor does not wait
-    for kernel compilation and graph capture.
+    :meth:`Zonos.warmup` with the demo's chunk schedule and every prefill piece size after each load, so no
+    visitor waits for kernel compilation or graph capture.
     """
 
     def __init__(
@@ -424,7 +424,7 @@ class ModelCache:
             self._name = name
             print(f"loaded {name} on {self.device} in {time.perf_counter() - t0:.1f} s", flush=True)
             if self.warmup:
-                seconds = self._model.warmup(**self.schedule)
+                seconds = self._model.warmup(all_prefill_lengths=True, **self.schedule)
                 print(f"warmed up {name} in {seconds:.1f} s", flush=True)
             return self._model
 

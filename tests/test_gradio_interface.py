@@ -251,6 +251,6 @@ def test_model_cache_warms_up_with_the_demo_schedule(model, tmp_path, monkeypatc
     monkeypatch.setattr(gi.Zonos, "warmup", lambda self, **kw: calls.append(kw) or 1.5)
     save_tiny_checkpoint(tmp_path, "hybrid")
     gi.ModelCache(device="cpu", warmup=True, first_chunk_frames=3, chunk_frames=5)(str(tmp_path))
-    assert calls == [{"first_chunk_frames": 3, "chunk_frames": 5}]
+    assert calls == [{"all_prefill_lengths": True, "first_chunk_frames": 3, "chunk_frames": 5}]
     assert "warmed up" in capsys.readouterr().out
     assert gi.parse_args(["--no-warmup"]).no_warmup

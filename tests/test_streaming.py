@@ -138,3 +138,21 @@ def test_warmup_leaves_no_trace(model, prefix, capsys):
     assert "Warming up" in capsys.readouterr().err
     assert torch.equal(torch.get_rng_state(), cpu_rng)
     assert torch.equal(_run(model, prefix, seed=5), before)
+
+
+def test_warmup_can_capture_every_prefill_piece(model, prefix, monkeypatch):
+    """With ``all_prefill_lengths`` the warm-up asks the prefill graph runner (installed on CUDA) to capture
+    every piece size for the warm-up's backbone batch."""
+    prepared = []
+
+    class Runner:  # stands in for zonos_accel.graph.CudaGraphPrefill
+        def __call__(self, hidden, state):
+            return model.backbone(hidden, state)
+
+        def prepare(self, batch_size):
+            prepared.append(batch_size)
+
+    monkeypatch.setitem(model.__dict__, "_backbone_prefill", Runner())
+    model.warmup(prefix_length=5, frames=11, all_prefill_lengths=True, progress_bar=False)
+    model.warmup(prefix_length=5, frames=11, cfg_scale=1.0, all_prefill_lengths=True, progress_bar=False)
+    assert prepared == [2, 1]

@@ -535,6 +535,7 @@ class Zonos(nn.Module):
         sampling_params: dict | None = None,
         first_chunk_frames: int = DEFAULT_FIRST_CHUNK_FRAMES,
         chunk_frames: int = DEFAULT_CHUNK_FRAMES,
+        all_prefill_lengths: bool = False,
         progress_bar: bool = True,
     ) -> float:
         """Pay now, behind a progress bar, what the first request would pay: two short streamed requests on
@@ -542,7 +543,9 @@ class Zonos(nn.Module):
         both on disk, so only the first process on a machine waits long: ~40 s on an H200, later ones ~2 s)
         and capture the CUDA graphs of the decode step, of the prefill pieces for that length and of the
         vocoder's pushes, which later requests replay. The graphs are keyed by the request's settings, so pass
-        the ones the requests will use; other prefix lengths may capture one or two prefill pieces more.
+        the ones the requests will use. A prefill replays one graph per piece of its length (256s, a multiple
+        of 16, the rest), so other prefix lengths capture one or two pieces more on first use;
+        ``all_prefill_lengths`` captures all 31 piece sizes now (a server taking prompts of any length).
         Returns the seconds it took; the model is ready for the next request.
         """
         start = time.perf_counter()
@@ -566,6 +569,9 @@ class Zonos(nn.Module):
                     chunk_frames=chunk_frames,
                 ):
                     bar.update(chunk.frames[1] - chunk.frames[0])
+        prefill = self.__dict__.get("_backbone_prefill")  # zonos_accel.graph's runner, when graphs are on
+        if all_prefill_lengths and hasattr(prefill, "prepare"):
+            prefill.prepare(rows)
         return time.perf_counter() - start
 
 

@@ -155,4 +155,5 @@ def test_warmup_can_capture_every_prefill_piece(model, prefix, monkeypatch):
     monkeypatch.setitem(model.__dict__, "_backbone_prefill", Runner())
     model.warmup(prefix_length=5, frames=11, all_prefill_lengths=True, progress_bar=False)
     model.warmup(prefix_length=5, frames=11, cfg_scale=1.0, all_prefill_lengths=True, progress_bar=False)
-    assert prepared == [2, 1]
+    model.warmup(prefix_length=5, frames=11, batch_size=2, all_prefill_lengths=True, progress_bar=False)
+    assert prepared == [2, 1, 4]

@@ -533,6 +533,7 @@ class Zonos(nn.Module):
         frames: int = 32,
         cfg_scale: float = 2.0,
         sampling_params: dict | None = None,
+        batch_size: int = 1,
         first_chunk_frames: int = DEFAULT_FIRST_CHUNK_FRAMES,
         chunk_frames: int = DEFAULT_CHUNK_FRAMES,
         all_prefill_lengths: bool = False,
@@ -562,6 +563,7 @@ class Zonos(nn.Module):
                     max_new_tokens=frames,
                     cfg_scale=cfg_scale,
                     sampling_params=sampling_params,
+                    batch_size=batch_size,
                     progress_bar=False,
                     generator=generator,
                     stream=True,
@@ -571,7 +573,7 @@ class Zonos(nn.Module):
                     bar.update(chunk.frames[1] - chunk.frames[0])
         prefill = self.__dict__.get("_backbone_prefill")  # zonos_accel.graph's runner, when graphs are on
         if all_prefill_lengths and hasattr(prefill, "prepare"):
-            prefill.prepare(rows)
+            prefill.prepare(rows * batch_size)
         return time.perf_counter() - start
 
 

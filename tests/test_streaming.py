@@ -157,3 +157,9 @@ def test_warmup_can_capture_every_prefill_piece(model, prefix, monkeypatch):
     model.warmup(prefix_length=5, frames=11, cfg_scale=1.0, all_prefill_lengths=True, progress_bar=False)
     model.warmup(prefix_length=5, frames=11, batch_size=2, all_prefill_lengths=True, progress_bar=False)
     assert prepared == [2, 1, 4]
+
+
+@pytest.mark.parametrize("kwargs", [{"prefix_length": 0}, {"frames": 0}, {"frames": 2.5}, {"batch_size": 0}])
+def test_warmup_rejects_bad_sizes(model, kwargs):
+    with pytest.raises(ValueError, match="must be a positive int"):
+        model.warmup(progress_bar=False, **kwargs)

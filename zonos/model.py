@@ -549,6 +549,9 @@ class Zonos(nn.Module):
         ``all_prefill_lengths`` captures all 31 piece sizes now (a server taking prompts of any length).
         Returns the seconds it took; the model is ready for the next request.
         """
+        for name, value in (("prefix_length", prefix_length), ("frames", frames)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"warmup's {name} must be a positive int, got {value!r}")
         start = time.perf_counter()
         d = self.config.backbone.d_model
         rows = 2 if cfg_scale != 1.0 else 1

@@ -33,8 +33,9 @@ COPY pyproject.toml README.md ./
 COPY zonos ./zonos
 COPY zonos_accel ./zonos_accel
 # The `gpu` extra without mamba-ssm (installed below, best-effort) plus the `demo` extra. torch comes from
-# the base image and is kept (it already satisfies torch>=2.4; triton ships with it).
-RUN pip install '.[demo]' 'triton>=3.1' 'nvidia-cutlass-dsl>=4.3'
+# the base image and is kept (it already satisfies torch>=2.4; its triton 3.5 has the grid-dependency control
+# our kernels use, which needs triton>=3.4).
+RUN pip install '.[demo]' 'triton>=3.4' 'nvidia-cutlass-dsl>=4.3'
 
 # mamba-ssm: only its Triton kernels are used (zonos_accel.triton). Its PyPI release is an sdist whose setup
 # compiles a Mamba-1 CUDA extension we never call, which needs nvcc (absent here): skip that build, and

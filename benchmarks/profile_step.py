@@ -21,7 +21,7 @@ from zonos_accel.graph import disable_cuda_graphs, enable_cuda_graphs
 
 # First match wins; names are CUDA kernel names as the profiler reports them.
 GROUPS = [
-    ("decode attention (ours)", r"_split_kernel|_merge_kernel"),
+    ("decode attention (ours)", r"_decode_kernel"),
     ("residual add + LayerNorm (ours)", r"_add_layer_norm_kernel"),
     ("rotary + KV write (ours)", r"_rotate_and_cache_kernel"),
     ("MLP SiLU·mul (ours)", r"_silu_mul_kernel"),

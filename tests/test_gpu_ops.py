@@ -68,6 +68,28 @@ def test_decode_attention(dtype, b, hq, hkv, d, max_seqlen, position):
     assert _rel(out, ref) < _tol(dtype)
 
 
+@gpu
+def test_decode_attention_graph_replays_across_positions():
+    """One graph, the position moved between replays: single-split and merged positions alternate, so a split
+    counter left non-zero by a merge would make a later merge skip or repeat (the output would be wrong)."""
+    b, hq, hkv, d, max_seqlen = 2, 16, 4, 128, 4096
+    q = _randn(b, 1, hq, d)
+    k, v = _randn(b, max_seqlen, hkv, d), _randn(b, max_seqlen, hkv, d)
+    pos = torch.tensor(0, device="cuda")
+    fast = _fast("decode_attention")
+    fast(q, k, v, pos)  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fast(q, k, v, pos)
+    for position in (130, 5, 2999, 127, 128, 4095, 1000):
+        q.copy_(_randn(b, 1, hq, d))
+        pos.fill_(position)
+        out.fill_(float("nan"))
+        graph.replay()
+        ref = ops.decode_attention(q.double(), k.double(), v.double(), pos)
+        assert _rel(out, ref) < _tol(torch.bfloat16), position
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize(
     "b,hq,hkv,d,max_seqlen,n,position",
@@ -184,6 +206,22 @@ def test_rotate_and_cache(dtype, b, l, hq, hk, d, rotary_dim, interleaved, start
     others = torch.ones(max_seqlen, dtype=torch.bool, device="cuda")
     others[positions] = False
     assert k_cache[:, others].isnan().all() and v_cache[:, others].isnan().all()  # no other row written
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("b,tables,length,rows,d", [(2, 9, 1, 1026, 2048), (1, 9, 121, 1026, 2048), (3, 2, 5, 7, 1500)])
+@gpu
+def test_embedding_sum(dtype, b, tables, length, rows, d):
+    weight = _randn(tables * rows, d, dtype=dtype)
+    ids = torch.randint(0, rows, (b, tables, length + 3), device="cuda")[..., 3:]  # a strided view
+    ids[0, :, 0] = rows - 1  # each table's last row (one more would read the next table)
+    poison = torch.full((b, length, d), float("nan"), device="cuda", dtype=dtype)
+    del poison  # the op's output reuses this freed block of NaNs (the caching allocator), so every unwritten
+    out = _fast("embedding_sum")(ids, weight, rows)  # element would show as NaN
+    assert out.shape == (b, length, d) and out.dtype == dtype
+    ref = ops.embedding_sum(ids, weight.double(), rows)
+    assert _rel(out, ref) < _tol(dtype) / 10
+    torch.testing.assert_close(out, ops.embedding_sum(ids, weight, rows))  # fp32 sums rounded once, both
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])

@@ -10,7 +10,6 @@ from collections.abc import Callable, Iterator
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from safetensors import safe_open
 from tqdm import tqdm
 
@@ -61,7 +60,6 @@ class Zonos(nn.Module):
         # edits stay shared). Outside the state dict; tied again after loads and casts.
         self.register_buffer("heads_weight", torch.empty(0), persistent=False)
         self.register_buffer("embeddings_weight", torch.empty(0), persistent=False)
-        self.code_offsets: torch.Tensor | None = None  # (9, 1): table k's first row in the stacked tables
         self.register_load_state_dict_post_hook(_tie_weights_after_load)
         self.tie_weights()
         # Upstream pads the 1025-row heads by (1025 mod multiple) zero rows after loading and masks the pad to
@@ -193,9 +191,6 @@ class Zonos(nn.Module):
         call it after replacing a head's or table's weight tensor."""
         self.heads_weight = _stack(self.heads_weight, self.heads, HEADS_ROW_MULTIPLE)
         self.embeddings_weight = _stack(self.embeddings_weight, self.embeddings, 1)
-        device = self.embeddings_weight.device
-        if self.code_offsets is None or self.code_offsets.device != device:
-            self.code_offsets = torch.arange(N_CODEBOOKS, device=device)[:, None] * (CODEBOOK_SIZE + 2)
 
     def _apply(self, fn, recurse=True):
         super()._apply(fn, recurse)
@@ -263,9 +258,9 @@ class Zonos(nn.Module):
     # -------------------------------------------------------------------------------------- the network
 
     def embed_codes(self, codes: torch.Tensor) -> torch.Tensor:
-        """(b, 9, l) code ids in 0..1025 → (b, l, d): the sum of the 9 codebook embeddings (one lookup in the
-        stacked tables, one sum; ids must be in range, since an id past a table reads the next one)."""
-        return F.embedding(codes + self.code_offsets, self.embeddings_weight).sum(1)
+        """(b, 9, l) code ids in 0..1025 → (b, l, d): the sum of the 9 codebook embeddings, looked up in the
+        stacked tables (ids must be in range, since an id past a table reads the next one)."""
+        return ops.embedding_sum(codes, self.embeddings_weight, CODEBOOK_SIZE + 2)
 
     def apply_heads(self, hidden: torch.Tensor) -> torch.Tensor:
         """(b, d) → float logits (b, 9, 1025) over the codes and EOS (the 9 heads as one matrix product)."""

@@ -7,6 +7,7 @@ fast paths against these on fresh random inputs.
 from zonos.ops.activations import silu_mul
 from zonos.ops.attention import decode_attention, prefill_attention
 from zonos.ops.conv import causal_conv1d, conv_step
+from zonos.ops.embedding import embedding_sum
 from zonos.ops.linear import linear
 from zonos.ops.norms import add_layer_norm, gated_rms_norm
 from zonos.ops.precision import compute_dtype
@@ -21,6 +22,7 @@ __all__ = [
     "compute_dtype",
     "conv_step",
     "decode_attention",
+    "embedding_sum",
     "gated_rms_norm",
     "linear",
     "prefill_attention",

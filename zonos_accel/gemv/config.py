@@ -31,7 +31,10 @@ class GemvConfig:
       drains: it issues its first weight loads (weights are never written during a decode step), then
       waits for the previous grid (``griddepcontrol.wait``) before reading x or writing anything, and lets
       the next kernel launch once all its CTAs have issued their loads. Hides the launch gap and tail
-      between consecutive kernels, inside CUDA graphs too.
+      between consecutive kernels, inside CUDA graphs too;
+    - ``early_trigger`` (with ``pdl``): let the next kernel launch as soon as this one starts, not after its
+      first loads, so the next kernel's CTAs take SM slots as soon as any free up and start their own weight
+      loads earlier (they still wait for this kernel before reading its output).
     """
 
     vecs: int
@@ -44,6 +47,7 @@ class GemvConfig:
     # On by default: the whole-step projections at M = 2 took 0.996 ms with it against 1.143 ms without
     # (cuBLAS 1.241 ms); H200, benchmarks/gemv.py, 2026-11-30.
     pdl: bool = True
+    early_trigger: bool = False
 
     @property
     def threads(self) -> int:
@@ -146,6 +150,9 @@ def candidate_configs(m: int, n: int, k: int) -> list[GemvConfig]:
         out.append(gemv_config(m, n, k, vecs=vecs * 2, rows=rows // 2))
     if base.splits == 1 and cdiv(cdiv(k // VEC, WARP * base.vecs), base.warps_k) > 1:
         out.append(replace(base, splits=2))
+    if m <= 2 and (vecs, rows) != (1, 8):  # many rows per lane: x vectors shared by 8 weight rows
+        out.append(gemv_config(m, n, k, vecs=1, rows=8))
+    out.append(replace(base, early_trigger=True))
     out.append(replace(base, pdl=False))
     unique = []
     for c in out:

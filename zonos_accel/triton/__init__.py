@@ -15,6 +15,7 @@ device still run the reference, so a CPU model in the same process is unaffected
 | ``add_layer_norm`` | residual add + LayerNorm, one kernel | ours (:mod:`.norms`) |
 | ``rotate_and_cache`` | rotary on q and k, k and v into the KV cache, one launch | ours (:mod:`.rotary`) |
 | ``silu_mul`` | the gated MLP's value · SiLU(gate), one launch | ours (:mod:`.activations`) |
+| ``embedding_sum`` | offset, lookup and sum of the 9 codebook embeddings, one launch | ours (:mod:`.embedding`) |
 | ``snake`` | the DAC's Snake activation, one launch, output in the next conv's dtype | ours (:mod:`.snake`) |
 """
 
@@ -39,6 +40,7 @@ _SOURCES = {
     "rotate_and_cache": ("zonos_accel.triton.rotary", None),
     "silu_mul": ("zonos_accel.triton.activations", None),
     "snake": ("zonos_accel.triton.snake", None),
+    "embedding_sum": ("zonos_accel.triton.embedding", None),
 }
 OPS = tuple(_SOURCES)
 _references = {name: getattr(zonos.ops, name) for name in OPS}

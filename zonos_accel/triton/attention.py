@@ -8,7 +8,7 @@ rows its queries see, so the bytes read grow with the sequence, not with max_seq
 
 - Decode (one token): programs over batch × kv heads × splits of the cache; each handles every query head
   of its kv head (GQA without copies: the G query heads padded to a 16-row tile) with tensor-core products
-  and an online softmax in float32; a second kernel merges the splits.
+  and an online softmax in float32; the split that finishes last merges the partials of all (one launch).
 - Prefill (n tokens): one program per block of query tokens of one (sequence, query head), an online
   softmax over key blocks with tensor-core products (float32 inputs in full precision, not TF32).
 """
@@ -28,17 +28,18 @@ from zonos_accel.triton.pdl import enter
 CHUNK = 128  # cache rows per split: programs past the position store nothing and exit
 BLOCK_S = 64  # cache rows per loop iteration (tensor-core products of a 16-row query tile)
 SPLIT_WARPS = 4  # warps per split program
-MERGE_BLOCK = 16  # splits merged per loop iteration
 
 
 @triton.jit
-def _split_kernel(
+def _decode_kernel(
     q_ptr,
     k_ptr,
     v_ptr,
     pos_ptr,
+    o_ptr,
     acc_ptr,
     ml_ptr,
+    count_ptr,
     scale,
     kv_heads,
     chunk,
@@ -51,6 +52,8 @@ def _split_kernel(
     stride_vb,
     stride_vs,
     stride_vh,
+    stride_ob,
+    stride_oh,
     G: tl.constexpr,
     GP: tl.constexpr,
     D: tl.constexpr,
@@ -69,8 +72,9 @@ def _split_kernel(
     g_ok = g < G
     d_ok = d < D
     last = tl.load(pos_ptr)
+    active = last // chunk + 1  # splits that hold rows at or before the position; the others exit
     start = split * chunk
-    if start <= last:
+    if split < active:
         end = tl.minimum(start + chunk, last + 1)
         q = tl.load(
             q_ptr + b * stride_qb + (h * G + g)[:, None] * stride_qh + d[None, :],
@@ -96,54 +100,53 @@ def _split_kernel(
             v = tl.load(v_rows + d[None, :], mask=kv_mask, other=0.0)
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
             m = m_new
-        row = (bh * n_splits + split) * G + g  # partials laid out (b, kv_heads, splits, G, ...)
-        tl.store(acc_ptr + row[:, None] * DP + d[None, :], acc, mask=g_ok[:, None])
-        tl.store(ml_ptr + row * 2, m, mask=g_ok)
-        tl.store(ml_ptr + row * 2 + 1, l, mask=g_ok)
+        o_rows = o_ptr + b * stride_ob + (h * G + g)[:, None] * stride_oh + d[None, :]
+        o_mask = g_ok[:, None] & d_ok[None, :]
+        if active == 1:
+            tl.store(o_rows, (acc / l[:, None]).to(o_ptr.dtype.element_ty), mask=o_mask)
+        else:
+            # Split-K: publish this split's partials, then the split that arrives last merges them all (one
+            # launch instead of a second merge kernel). The atomic orders the partial stores before the count
+            # (release) and the last split's count before its loads (acquire); it resets the count for the
+            # next call.
+            row = (bh * n_splits + split) * G + g  # partials laid out (b, kv_heads, splits, G, ...)
+            tl.store(acc_ptr + row[:, None] * DP + d[None, :], acc, mask=g_ok[:, None])
+            tl.store(ml_ptr + row * 2, m, mask=g_ok)
+            tl.store(ml_ptr + row * 2 + 1, l, mask=g_ok)
+            arrived = tl.atomic_add(count_ptr + bh, 1, sem="acq_rel", scope="gpu")
+            if arrived == active - 1:
+                m_all = tl.full((GP,), float("-inf"), tl.float32)
+                l_all = tl.zeros((GP,), tl.float32)
+                out = tl.zeros((GP, DP), tl.float32)
+                for sp in range(0, active):  # in split order, whichever split merges
+                    srow = (bh * n_splits + sp) * G + g
+                    m_s = tl.load(ml_ptr + srow * 2, mask=g_ok, other=0.0, cache_modifier=".cg")
+                    l_s = tl.load(ml_ptr + srow * 2 + 1, mask=g_ok, other=0.0, cache_modifier=".cg")
+                    acc_s = tl.load(
+                        acc_ptr + srow[:, None] * DP + d[None, :], mask=g_ok[:, None], other=0.0, cache_modifier=".cg"
+                    )
+                    m_new = tl.maximum(m_all, m_s)
+                    rescale = tl.exp(m_all - m_new)
+                    w = tl.exp(m_s - m_new)
+                    out = out * rescale[:, None] + w[:, None] * acc_s
+                    l_all = l_all * rescale + w * l_s
+                    m_all = m_new
+                tl.store(o_rows, (out / l_all[:, None]).to(o_ptr.dtype.element_ty), mask=o_mask)
+                tl.atomic_xchg(count_ptr + bh, 0, sem="relaxed", scope="gpu")
 
 
-@triton.jit
-def _merge_kernel(
-    acc_ptr,
-    ml_ptr,
-    o_ptr,
-    pos_ptr,
-    chunk,
-    n_splits,
-    stride_ob,
-    stride_oh,
-    kv_heads,
-    G: tl.constexpr,
-    D: tl.constexpr,
-    DP: tl.constexpr,
-    SB: tl.constexpr,
-    GDC: tl.constexpr,
-):
-    enter(GDC)
-    pid = tl.program_id(0)  # one query head of one sequence
-    b = pid // (kv_heads * G)
-    hq = pid % (kv_heads * G)
-    h = hq // G
-    g = hq % G
-    d = tl.arange(0, DP)
-    active = tl.load(pos_ptr) // chunk + 1  # splits that hold rows at or before the position
-    m_all = tl.full((1,), float("-inf"), tl.float32)
-    l_all = tl.zeros((1,), tl.float32)
-    out = tl.zeros((DP,), tl.float32)
-    for s0 in range(0, active, SB):
-        sp = s0 + tl.arange(0, SB)
-        sp_ok = sp < active
-        row = ((b * kv_heads + h) * n_splits + sp) * G + g
-        m = tl.load(ml_ptr + row * 2, mask=sp_ok, other=float("-inf"))
-        l = tl.load(ml_ptr + row * 2 + 1, mask=sp_ok, other=0.0)
-        acc = tl.load(acc_ptr + row[:, None] * DP + d[None, :], mask=sp_ok[:, None], other=0.0)
-        m_new = tl.maximum(m_all, tl.max(m, axis=0))
-        w = tl.where(sp_ok, tl.exp(m - m_new), 0.0)
-        rescale = tl.exp(m_all - m_new)
-        out = out * rescale + tl.sum(w[:, None] * acc, axis=0)
-        l_all = l_all * rescale + tl.sum(w * l, axis=0)
-        m_all = m_new
-    tl.store(o_ptr + b * stride_ob + hq * stride_oh + d, (out / l_all).to(o_ptr.dtype.element_ty), mask=d < D)
+# Split counters of the decode kernel by (device, stream): zero between calls (the merging split resets its
+# own), never freed, because CUDA graphs captured earlier keep their addresses.
+_counters: dict[tuple[torch.device, int], torch.Tensor] = {}
+
+
+def _split_counters(device: torch.device, n: int) -> torch.Tensor:
+    key = (device, torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0)
+    counters = _counters.get(key)
+    if counters is None or counters.numel() < n:
+        counters = torch.zeros(max(n, 256), device=device, dtype=torch.int32)
+        _counters[key] = counters  # a smaller one it replaces stays alive in the graphs that use it
+    return counters
 
 
 def decode_attention(
@@ -163,13 +166,15 @@ def decode_attention(
     acc = torch.empty(b * hkv * n_splits * g, dp, device=q.device, dtype=torch.float32)
     ml = torch.empty(b * hkv * n_splits * g, 2, device=q.device, dtype=torch.float32)
     out = torch.empty(b, 1, hq, d, device=q.device, dtype=q.dtype)
-    _split_kernel[(b * hkv, n_splits)](
+    _decode_kernel[(b * hkv, n_splits)](
         q,
         k_cache,
         v_cache,
         position,
+        out,
         acc,
         ml,
+        _split_counters(q.device, b * hkv),
         1.0 / math.sqrt(d),
         hkv,
         CHUNK,
@@ -182,6 +187,8 @@ def decode_attention(
         v_cache.stride(0),
         v_cache.stride(1),
         v_cache.stride(2),
+        out.stride(0),
+        out.stride(2),
         G=g,
         GP=max(16, triton.next_power_of_2(g)),
         D=d,
@@ -189,22 +196,6 @@ def decode_attention(
         BLOCK=BLOCK_S,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=SPLIT_WARPS,
-        **pdl.options(q.device),
-    )
-    _merge_kernel[(b * hq,)](
-        acc,
-        ml,
-        out,
-        position,
-        CHUNK,
-        n_splits,
-        out.stride(0),
-        out.stride(2),
-        hkv,
-        G=g,
-        D=d,
-        DP=dp,
-        SB=MERGE_BLOCK,
         **pdl.options(q.device),
     )
     return out

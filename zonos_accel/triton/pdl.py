@@ -30,6 +30,8 @@ def _supported(device_index: int) -> bool:
 def options(device: torch.device) -> dict:
     """Launch keywords for one of our kernels on ``device``: the ``GDC`` constexpr that :func:`enter` reads
     and Triton's ``launch_pdl``."""
+    if device.type != "cuda":  # Triton's interpreter (TRITON_INTERPRET=1) runs the kernels on CPU tensors
+        return {"GDC": False, "launch_pdl": False}
     index = device.index if device.index is not None else torch.cuda.current_device()
     on = ENABLED and _supported(index)
     return {"GDC": on, "launch_pdl": on}

@@ -220,7 +220,7 @@ def test_embedding_sum(dtype, b, tables, length, rows, d):
     out = _fast("embedding_sum")(ids, weight, rows)  # element would show as NaN
     assert out.shape == (b, length, d) and out.dtype == dtype
     ref = ops.embedding_sum(ids, weight.double(), rows)
-    assert _rel(out, ref) < _tol(dtype) / 10
+    assert _rel(out, ref) < _tol(dtype)  # bf16: the output's own rounding, ~1e-3
     torch.testing.assert_close(out, ops.embedding_sum(ids, weight, rows))  # fp32 sums rounded once, both
 
 

@@ -43,7 +43,9 @@ class GemvConfig:
     warps_n: int
     splits: int = 1
     hoist_loads: bool = True
-    stream_loads: bool = False
+    # On by default: faster on 6 of the 7 Zonos shapes at M = 2 (in_proj 10.25 vs 10.72 µs, qkv 4.61 vs 5.38;
+    # attention out 3.81 vs 3.72); H200, benchmarks/gemv.py, 2026-11-30.
+    stream_loads: bool = True
     # On by default: the whole-step projections at M = 2 took 0.996 ms with it against 1.143 ms without
     # (cuBLAS 1.241 ms); H200, benchmarks/gemv.py, 2026-11-30.
     pdl: bool = True
@@ -108,7 +110,9 @@ def cdiv(a: int, b: int) -> int:
 # flight per lane) and M * vecs x vectors; its x vectors serve each of its rows, its weight vectors each
 # of the M rows of x. First guess from register budgets (56-80 registers at M <= 4 and K <= 4096, so 6-8
 # CTAs of 128 threads fit an SM); benchmarks/gemv.py sweeps the alternatives on the H200 and prints which won.
-LANE_TILES = {1: (8, 1), 2: (4, 2), 3: (2, 4), 4: (2, 4)}
+# At M = 2, (2, 4) beat (4, 2) on 6 of the 7 shapes (out_proj 5.16 vs 6.28 µs, fc2 9.26 vs 10.14; H200,
+# benchmarks/gemv.py, 2026-11-30).
+LANE_TILES = {1: (8, 1), 2: (2, 4), 3: (2, 4), 4: (2, 4)}
 MIN_WARPS_PER_CTA = 4
 MAX_WARPS_K = 4
 MIN_CTAS = 2 * NUM_SMS  # fewer row blocks than this: split K across CTAs
@@ -140,20 +144,18 @@ def gemv_config(m: int, n: int, k: int, vecs: int | None = None, rows: int | Non
 
 
 def candidate_configs(m: int, n: int, k: int) -> list[GemvConfig]:
-    """The default split and the alternatives ``benchmarks/gemv.py`` times against it."""
+    """The default split first, then the alternatives ``benchmarks/gemv.py`` times against it: every lane tile
+    with plain and streaming loads, and the default with interleaved loads, two splits, the early trigger and
+    without programmatic dependent launch."""
     base = gemv_config(m, n, k)
-    vecs, rows = lane_tile(m)
-    out = [base, replace(base, hoist_loads=False), replace(base, stream_loads=True)]
-    if vecs > 1:  # half the vectors per row, twice the rows: fewer, longer-lived x registers per row
-        out.append(gemv_config(m, n, k, vecs=vecs // 2, rows=rows * 2))
-    if rows > 1:  # the other way round
-        out.append(gemv_config(m, n, k, vecs=vecs * 2, rows=rows // 2))
+    out = [base]
+    for vecs, rows in ((8, 1), (4, 2), (2, 4), (1, 8)):
+        for stream_loads in (True, False):
+            out.append(replace(gemv_config(m, n, k, vecs=vecs, rows=rows), stream_loads=stream_loads))
+    out.append(replace(base, hoist_loads=False))
     if base.splits == 1 and cdiv(cdiv(k // VEC, WARP * base.vecs), base.warps_k) > 1:
         out.append(replace(base, splits=2))
-    if m <= 2 and (vecs, rows) != (1, 8):  # many rows per lane: x vectors shared by 8 weight rows
-        out.append(gemv_config(m, n, k, vecs=1, rows=8))
-    out.append(replace(base, early_trigger=True))
-    out.append(replace(base, pdl=False))
+    out += [replace(base, early_trigger=True), replace(base, pdl=False)]
     unique = []
     for c in out:
         try:

@@ -133,7 +133,6 @@ def cfg_label(cfg) -> str:
     flags = [f"s{cfg.splits}"] if cfg.splits > 1 else []
     flags += [] if cfg.hoist_loads else ["interleaved"]
     flags += (["nc"] if cfg.stream_loads else []) + (["pdl"] if cfg.pdl else [])
-    flags += ["early"] if cfg.pdl and cfg.early_trigger else []
     return " ".join([f"v{cfg.vecs} r{cfg.rows} wk{cfg.warps_k} wn{cfg.warps_n}", *flags])
 
 
@@ -163,15 +162,11 @@ def step_table(bw: float, best: dict) -> list:
             xs.setdefault(k, torch.randn(2, k, device="cuda").to(torch.bfloat16))
     nbytes = sum(w.numel() * 2 for _, w in weights)
     no_pdl = {name: replace(gemv_config(2, n, k), pdl=False) for name, (n, k) in SHAPES.items()}
-    early = {name: replace(gemv_config(2, n, k), early_trigger=True) for name, (n, k) in SHAPES.items()}
     floor_ms = nbytes / (bw * 1e9) * 1e3
     runs = {
         "cuBLAS": [lambda w=w: F.linear(xs[w.shape[1]], w) for _, w in weights],
-        "ours (default splits, pdl)": [lambda w=w: gemv(xs[w.shape[1]], w) for _, w in weights],
+        "ours (default: tuned splits, pdl)": [lambda w=w: gemv(xs[w.shape[1]], w) for _, w in weights],
         "ours (best swept splits)": [lambda w=w, c=best[nm]: gemv(xs[w.shape[1]], w, config=c) for nm, w in weights],
-        "ours (default splits, pdl, early trigger)": [
-            lambda w=w, c=early[nm]: gemv(xs[w.shape[1]], w, config=c) for nm, w in weights
-        ],
         "ours (default splits, no pdl)": [
             lambda w=w, c=no_pdl[nm]: gemv(xs[w.shape[1]], w, config=c) for nm, w in weights
         ],

@@ -31,10 +31,7 @@ class GemvConfig:
       drains: it issues its first weight loads (weights are never written during a decode step), then
       waits for the previous grid (``griddepcontrol.wait``) before reading x or writing anything, and lets
       the next kernel launch once all its CTAs have issued their loads. Hides the launch gap and tail
-      between consecutive kernels, inside CUDA graphs too;
-    - ``early_trigger`` (with ``pdl``): let the next kernel launch as soon as this one starts, not after its
-      first loads, so the next kernel's CTAs take SM slots as soon as any free up and start their own weight
-      loads earlier (they still wait for this kernel before reading its output).
+      between consecutive kernels, inside CUDA graphs too.
     """
 
     vecs: int
@@ -43,13 +40,12 @@ class GemvConfig:
     warps_n: int
     splits: int = 1
     hoist_loads: bool = True
-    # On by default: faster on 6 of the 7 Zonos shapes at M = 2 (in_proj 10.25 vs 10.72 µs, qkv 4.61 vs 5.38;
-    # attention out 3.81 vs 3.72); H200, benchmarks/gemv.py, 2026-11-30.
-    stream_loads: bool = True
+    # gemv_config turns it on except where TUNED says otherwise: with the (4, 2) tile at M = 2 faster on 6 of
+    # the 7 Zonos shapes (in_proj 10.25 vs 10.72 µs, qkv 4.61 vs 5.38); H200, benchmarks/gemv.py, 2026-11-30.
+    stream_loads: bool = False
     # On by default: the whole-step projections at M = 2 took 0.996 ms with it against 1.143 ms without
     # (cuBLAS 1.241 ms); H200, benchmarks/gemv.py, 2026-11-30.
     pdl: bool = True
-    early_trigger: bool = False
 
     @property
     def threads(self) -> int:
@@ -110,8 +106,6 @@ def cdiv(a: int, b: int) -> int:
 # flight per lane) and M * vecs x vectors; its x vectors serve each of its rows, its weight vectors each
 # of the M rows of x. First guess from register budgets (56-80 registers at M <= 4 and K <= 4096, so 6-8
 # CTAs of 128 threads fit an SM); benchmarks/gemv.py sweeps the alternatives on the H200 and prints which won.
-# At M = 2, (2, 4) beat (4, 2) on 6 of the 7 shapes (out_proj 5.16 vs 6.28 µs, fc2 9.26 vs 10.14; H200,
-# benchmarks/gemv.py, 2026-11-30).
 LANE_TILES = {1: (8, 1), 2: (2, 4), 3: (2, 4), 4: (2, 4)}
 MIN_WARPS_PER_CTA = 4
 MAX_WARPS_K = 4
@@ -127,8 +121,26 @@ def lane_tile(m: int) -> tuple[int, int]:
     return (1, 4) if m <= 8 else (1, 2)
 
 
+# The decode step's problems (batch 1 with CFG: M = 2) pinned to the fastest split of two sweeps
+# (benchmarks/gemv.py, H200, 2026-11-30): (M, N, K) → (vecs, rows, stream_loads). Streaming loads help the
+# K = 2048 shapes with many rows and hurt the (2, 4) tile at K ≥ 4096 (out_proj 6.78 vs 5.14 µs).
+TUNED = {
+    (2, 8512, 2048): (2, 4, True),  # Mamba2 in_proj: 10.27 µs
+    (2, 2048, 4096): (2, 4, False),  # Mamba2 out_proj: 5.14
+    (2, 3072, 2048): (1, 8, False),  # attention qkv: 4.28
+    (2, 2048, 2048): (2, 4, False),  # attention out: 3.59
+    (2, 16384, 2048): (4, 2, True),  # MLP fc1: 17.93
+    (2, 2048, 8192): (2, 4, False),  # MLP fc2: 9.35
+    (2, 9232, 2048): (4, 2, True),  # the 9 heads, stacked and padded: 10.79
+}
+
+
 def gemv_config(m: int, n: int, k: int, vecs: int | None = None, rows: int | None = None) -> GemvConfig:
-    """The work split for x (m, k) · W (n, k)ᵀ (``vecs``/``rows`` override the lane tile)."""
+    """The work split for x (m, k) · W (n, k)ᵀ: the :data:`TUNED` entry, else the lane tile of :data:`LANE_TILES`
+    (``vecs``/``rows`` override either)."""
+    stream_loads = True
+    if vecs is None and rows is None and (m, n, k) in TUNED:
+        vecs, rows, stream_loads = TUNED[(m, n, k)]
     tile = lane_tile(m)
     vecs, rows = vecs or tile[0], rows or tile[1]
     chunks = cdiv(k // VEC, WARP * vecs)
@@ -140,13 +152,15 @@ def gemv_config(m: int, n: int, k: int, vecs: int | None = None, rows: int | Non
     if row_blocks < MIN_CTAS and per_warp > 1:
         splits = min(per_warp, cdiv(MIN_CTAS, row_blocks))
         splits = cdiv(per_warp, cdiv(per_warp, splits))  # no split left without a chunk
-    return GemvConfig(vecs=vecs, rows=rows, warps_k=warps_k, warps_n=warps_n, splits=splits)
+    return GemvConfig(
+        vecs=vecs, rows=rows, warps_k=warps_k, warps_n=warps_n, splits=splits, stream_loads=stream_loads
+    )
 
 
 def candidate_configs(m: int, n: int, k: int) -> list[GemvConfig]:
     """The default split first, then the alternatives ``benchmarks/gemv.py`` times against it: every lane tile
-    with plain and streaming loads, and the default with interleaved loads, two splits, the early trigger and
-    without programmatic dependent launch."""
+    with plain and streaming loads, and the default with interleaved loads, with two splits and without
+    programmatic dependent launch."""
     base = gemv_config(m, n, k)
     out = [base]
     for vecs, rows in ((8, 1), (4, 2), (2, 4), (1, 8)):
@@ -155,7 +169,7 @@ def candidate_configs(m: int, n: int, k: int) -> list[GemvConfig]:
     out.append(replace(base, hoist_loads=False))
     if base.splits == 1 and cdiv(cdiv(k // VEC, WARP * base.vecs), base.warps_k) > 1:
         out.append(replace(base, splits=2))
-    out += [replace(base, early_trigger=True), replace(base, pdl=False)]
+    out.append(replace(base, pdl=False))
     unique = []
     for c in out:
         try:

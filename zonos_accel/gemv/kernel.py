@@ -111,8 +111,6 @@ class SkinnyGemv:
         wn = warp // cfg.warps_k
         row0 = cfg.first_row(bid_n, wn)
 
-        if const_expr(cfg.pdl and cfg.early_trigger):
-            cute.arch.griddepcontrol_launch_dependents()
         copy_atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=128)
         acc = cute.make_rmem_tensor((M, R), Float32)
         acc.fill(0.0)
@@ -144,7 +142,7 @@ class SkinnyGemv:
                     else:
                         if kv < self.kvecs:
                             cute.copy(copy_atom, gX[None, (mi, kv)], xv[None, v, mi])
-            if const_expr(cfg.pdl and not cfg.early_trigger and it == 0):
+            if const_expr(cfg.pdl and it == 0):
                 cute.arch.griddepcontrol_launch_dependents()
             xf = cute.make_rmem_tensor((VEC, V, M), Float32)
             xf.store(xv.load().to(Float32))

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 import zonos.ops
 import zonos_accel.gemv as cute_gemv
 from zonos.ops.linear import linear as reference_linear
-from zonos_accel.gemv.config import MAX_ROWS, VEC, WARP, candidate_configs, cdiv, gemv_config
+from zonos_accel.gemv.config import CUBLAS_FASTER, MAX_ROWS, VEC, WARP, candidate_configs, cdiv, gemv_config
 
 # Zonos-v0.1-hybrid (N, K): Mamba2 in/out, attention qkv/out, MLP fc1/fc2, the 9 heads fused (padded to 9232 rows).
 ZONOS_SHAPES = [(8512, 2048), (2048, 4096), (3072, 2048), (2048, 2048), (16384, 2048), (2048, 8192), (9232, 2048)]
@@ -87,6 +87,8 @@ def test_other_calls_keep_the_reference(fake_gpu):
     cute_gemv.enable_cute_gemv()
     w = _bf16(48, 64)
     zonos.ops.linear(_bf16(MAX_ROWS + 1, 64), w)  # prefill-sized
+    for m, n, k in sorted(CUBLAS_FASTER):  # where the kernel measured slower than cuBLAS
+        zonos.ops.linear(_bf16(m, k), _bf16(n, k))
     zonos.ops.linear(_bf16(2, 1, 64).expand(2, 9, 64), w)  # 18 rows
     zonos.ops.linear(torch.randn(2, 64), w.float())  # fp32
     with pytest.raises(RuntimeError):  # mixed dtypes: the reference's own error

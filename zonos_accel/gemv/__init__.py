@@ -21,7 +21,7 @@ import importlib
 import torch
 
 import zonos.ops
-from zonos_accel.gemv.config import MAX_ROWS, VEC, GemvConfig, gemv_config
+from zonos_accel.gemv.config import CUBLAS_FASTER, MAX_ROWS, VEC, GemvConfig, gemv_config
 
 INSTALL_HINT = "pip install nvidia-cutlass-dsl (or zonos-accel[gpu])"
 DTYPES = (torch.bfloat16, torch.float16)
@@ -115,7 +115,8 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, partial: t
 def _routed(max_rows: int):
     @functools.wraps(_reference)
     def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        if x.numel() <= max_rows * x.shape[-1] and supports(x, weight):
+        rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+        if rows <= max_rows and (rows, *weight.shape) not in CUBLAS_FASTER and supports(x, weight):
             y = gemv(x, weight)
             return y if bias is None else y.add_(bias)
         return _reference(x, weight, bias)
@@ -124,7 +125,8 @@ def _routed(max_rows: int):
 
 
 def enable_cute_gemv(max_rows: int = MAX_ROWS) -> None:
-    """Route ``zonos.ops.linear`` calls with at most ``max_rows`` rows of x to the CuTeDSL GEMV.
+    """Route ``zonos.ops.linear`` calls with at most ``max_rows`` rows of x to the CuTeDSL GEMV, except the
+    problems in :data:`~zonos_accel.gemv.config.CUBLAS_FASTER`.
 
     Raises RuntimeError without a CUDA device and ImportError without nvidia-cutlass-dsl.
     """

@@ -113,6 +113,9 @@ MIN_CTAS = 2 * NUM_SMS  # fewer row blocks than this: split K across CTAs
 # The largest M routed to the kernel (prefill stays on cuBLAS). At M = 8 and 16 cuBLAS wins (in_proj 0.71x
 # and 0.39x; H200, benchmarks/gemv.py, 2026-11-30); decode runs M = 2 (batch 1 with CFG).
 MAX_ROWS = 4
+# Problems within MAX_ROWS where cuBLAS is faster, so they stay on it: at M = 4 (batch 2 with CFG) in_proj 12.73
+# vs 11.86 µs, fc1 21.77 vs 19.25, heads 13.59 vs 13.52 (H200, benchmarks/gemv.py, 2026-11-30).
+CUBLAS_FASTER = {(4, 8512, 2048), (4, 16384, 2048), (4, 9232, 2048)}
 
 
 def lane_tile(m: int) -> tuple[int, int]:

@@ -43,8 +43,8 @@ class GemvConfig:
     # gemv_config turns it on except where TUNED says otherwise: with the (4, 2) tile at M = 2 faster on 6 of
     # the 7 Zonos shapes (in_proj 10.25 vs 10.72 µs, qkv 4.61 vs 5.38); H200, benchmarks/gemv.py, 2026-11-30.
     stream_loads: bool = False
-    # On by default: the whole-step projections at M = 2 took 0.996 ms with it against 1.143 ms without
-    # (cuBLAS 1.241 ms); H200, benchmarks/gemv.py, 2026-11-30.
+    # On by default: the whole-step projections at M = 2 take 0.899 ms with it against 1.045 ms without
+    # (cuBLAS 1.245 ms); H200, benchmarks/gemv.py, 2026-11-30.
     pdl: bool = True
 
     @property

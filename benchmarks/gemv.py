@@ -8,15 +8,17 @@ bandwidth measured in this run (a sum over 4 GiB). A time below what the bytes a
 stream). Each row also checks the result against float64, next to cuBLAS's own error.
 
 Tables, each printed when done: (1) every projection shape × M ∈ {1, 2, 4}; (2) M = 8 and 16, for the
-routing limit; (3) every work split of ``candidate_configs`` at M = 2 (which one the tuning table should
-pick); (4) the projections of one whole decode step (34 Mamba2 + 12 attention layers, M = 2, distinct
-weights) through cuBLAS and ours, against the read floor.
+routing limit; (3) every work split of ``candidate_configs`` at M = 2 and the other ``--sweep-m`` values
+(which one the tuning table should pick, also printed as ``TUNED`` entries); (4) the projections of one
+whole decode step (34 Mamba2 + 12 attention layers, M = 2, distinct weights) through cuBLAS and ours,
+against the read floor.
 
-    source .device/activate.sh && python3 benchmarks/gemv.py
+    source .device/activate.sh && python3 benchmarks/gemv.py [--sweep-m 1,2,4]
 """
 
 from __future__ import annotations
 
+import argparse
 import math
 import statistics
 import sys
@@ -197,6 +199,17 @@ def step_table(bw: float, best: dict) -> list:
 
 
 def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument(
+        "--sweep-m",
+        type=lambda v: [int(x) for x in v.split(",")],
+        default=[2],
+        help="comma-separated M values whose work splits are swept (default 2, the decode with CFG; the step "
+        "table needs 2)",
+    )
+    args = ap.parse_args()
+    if 2 not in args.sweep_m:
+        ap.error("--sweep-m must include 2: the decode-step table uses the best splits at M = 2")
     start = time.perf_counter()
     torch.manual_seed(0)
     print(environment())
@@ -216,17 +229,26 @@ def main() -> int:
             rows += measure(name, n, k, m, [gemv_config(m, n, k)], bw)[0]
     print(report("Routing limit: M = 8 and 16 (decode with batching)", HEADER, rows))
 
-    # Last: the candidate splits, including the default without programmatic dependent launch (pdl).
-    rows, best = [], {}
-    for name, (n, k) in SHAPES.items():
-        shape_rows, times = measure(name, n, k, 2, candidate_configs(2, n, k), bw)
-        timed = {c: t for c, t in times.items() if c != "cublas" and t is not None}
-        best[name] = min(timed, key=timed.get) if timed else gemv_config(2, n, k)
-        for r in shape_rows:
-            r.append("best" if r[3] == cfg_label(best[name]) else "")
-        rows += shape_rows
-    title = "Work splits at M = 2 (candidate_configs; the tuning table should pick 'best')"
-    print(report(title, HEADER + [""], rows))
+    # Then the candidate splits, including the default without programmatic dependent launch (pdl).
+    best, tuned_lines = {}, []
+    for m in args.sweep_m:
+        rows = []
+        for name, (n, k) in SHAPES.items():
+            shape_rows, times = measure(name, n, k, m, candidate_configs(m, n, k), bw)
+            timed = {c: t for c, t in times.items() if c != "cublas" and t is not None}
+            winner = min(timed, key=timed.get) if timed else gemv_config(m, n, k)
+            for r in shape_rows:
+                r.append("best" if r[3] == cfg_label(winner) else "")
+            rows += shape_rows
+            if m == 2:
+                best[name] = winner
+            if timed:
+                entry = f"({m}, {n}, {k}): ({winner.vecs}, {winner.rows}, {winner.stream_loads}),"
+                tuned_lines.append(f"    {entry}  # {name}: {timed[winner]:.2f} µs ({cfg_label(winner)})")
+        title = f"Work splits at M = {m} (candidate_configs; the tuning table should pick 'best')"
+        print(report(title, HEADER + [""], rows))
+    print("\nBest split per problem, as zonos_accel/gemv/config.py TUNED entries (M, N, K): (vecs, rows, nc loads):")
+    print("\n".join(tuned_lines))
 
     step_header = ["path", "calls", "GB", "ms per step", "floor ms", "× floor", "% of read bandwidth"]
     title = f"Projections of one decode step ({MAMBA_LAYERS} Mamba2 + {ATTN_LAYERS} attention layers, M = 2)"

@@ -191,8 +191,11 @@ def test_config_rejects_what_the_kernel_cannot_do():
         type(cfg)(vecs=8, rows=1, warps_k=1, warps_n=4, splits=2).check(2, 64, 2048)
 
 
-@pytest.mark.parametrize("m,n,k,stream_loads", [(2, 8512, 2048, False), (2, 9225, 2048, True), (3, 1000, 2056, False)])
-def test_kernel_compiles_for_hopper(m, n, k, stream_loads, tmp_path):
+@pytest.mark.parametrize(
+    "m,n,k,stream_loads,pdl",
+    [(2, 8512, 2048, False, True), (2, 9225, 2048, True, True), (3, 1000, 2056, False, True), (2, 2048, 4096, True, False)],
+)
+def test_kernel_compiles_for_hopper(m, n, k, stream_loads, pdl, tmp_path):
     """With nvidia-cutlass-dsl installed, the kernel compiles to sm_90a PTX and cubin without a GPU."""
     if torch.cuda.is_available():
         pytest.skip("the GPU tests compile and run the kernel")
@@ -201,7 +204,7 @@ def test_kernel_compiles_for_hopper(m, n, k, stream_loads, tmp_path):
 
     from zonos_accel.gemv import kernel
 
-    cfg = replace(gemv_config(m, n, k), stream_loads=stream_loads)
+    cfg = replace(gemv_config(m, n, k), stream_loads=stream_loads, pdl=pdl)
     bf16 = kernel.CUTE_DTYPES[torch.bfloat16]
     options = f"--gpu-arch sm_90a --keep-ptx --keep-cubin --dump-dir {tmp_path}"
     kernel.compile_gemv(bf16, m, n, k, cfg, kernel.launch_args(bf16, 16, 16, 16, 16, 0), options)
@@ -210,5 +213,7 @@ def test_kernel_compiles_for_hopper(m, n, k, stream_loads, tmp_path):
     loads = "ld.global.nc.L1::no_allocate.L2::256B.v4.b32" if stream_loads else "ld.global.v4.b32"
     vectors = cdiv(cdiv(k // VEC, WARP * cfg.vecs), cfg.warps_k * cfg.splits) * cfg.vecs
     assert ptx.count(loads) >= vectors * cfg.rows  # every weight load is one 128-bit load
-    # hoist_loads: the first iteration's weight loads all come before the barrier that no load crosses
-    assert ptx.split("bar.sync")[0].count(loads) == cfg.vecs * cfg.rows
+    # hoist_loads: the first iteration's weight loads all come before the wait for the previous kernel (pdl) or
+    # the barrier that no load crosses, and x's loads after it
+    separator = "griddepcontrol.wait" if cfg.pdl else "bar.sync"
+    assert ptx.split(separator)[0].count(loads) == cfg.vecs * cfg.rows

@@ -161,12 +161,13 @@ def gemv_config(m: int, n: int, k: int, vecs: int | None = None, rows: int | Non
 
 
 def candidate_configs(m: int, n: int, k: int) -> list[GemvConfig]:
-    """The default split first, then the alternatives ``benchmarks/gemv.py`` times against it: every lane tile
-    with plain and streaming loads, and the default with interleaved loads, with two splits and without
+    """The default split first, then the alternatives ``benchmarks/gemv.py`` times against it: lane tiles of 8
+    and 16 weight vectors with plain and streaming loads, and the default with interleaved loads, with two splits and without
     programmatic dependent launch."""
     base = gemv_config(m, n, k)
     out = [base]
-    for vecs, rows in ((8, 1), (4, 2), (2, 4), (1, 8)):
+    # 8 weight vectors (128 B) in flight per lane, then 16 (256 B: more bytes per thread, fewer CTAs per SM).
+    for vecs, rows in ((8, 1), (4, 2), (2, 4), (1, 8), (8, 2), (4, 4), (2, 8)):
         for stream_loads in (True, False):
             out.append(replace(gemv_config(m, n, k, vecs=vecs, rows=rows), stream_loads=stream_loads))
     out.append(replace(base, hoist_loads=False))

@@ -193,7 +193,12 @@ def test_config_rejects_what_the_kernel_cannot_do():
 
 @pytest.mark.parametrize(
     "m,n,k,stream_loads,pdl",
-    [(2, 8512, 2048, False, True), (2, 9225, 2048, True, True), (3, 1000, 2056, False, True), (2, 2048, 4096, True, False)],
+    [
+        (2, 8512, 2048, False, True),
+        (2, 9225, 2048, True, True),
+        (3, 1000, 2056, False, True),
+        (2, 2048, 4096, True, False),
+    ],
 )
 def test_kernel_compiles_for_hopper(m, n, k, stream_loads, pdl, tmp_path):
     """With nvidia-cutlass-dsl installed, the kernel compiles to sm_90a PTX and cubin without a GPU."""

@@ -162,8 +162,8 @@ def gemv_config(m: int, n: int, k: int, vecs: int | None = None, rows: int | Non
 
 def candidate_configs(m: int, n: int, k: int) -> list[GemvConfig]:
     """The default split first, then the alternatives ``benchmarks/gemv.py`` times against it: lane tiles of 8
-    and 16 weight vectors with plain and streaming loads, and the default with interleaved loads, with two splits and without
-    programmatic dependent launch."""
+    and 16 weight vectors with plain and streaming loads, and the default with interleaved loads, with two
+    splits and without programmatic dependent launch."""
     base = gemv_config(m, n, k)
     out = [base]
     # 8 weight vectors (128 B) in flight per lane, then 16 (256 B: more bytes per thread, fewer CTAs per SM).

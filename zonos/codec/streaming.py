@@ -26,17 +26,25 @@ kernel ``2s`` and padding ``p`` maps output ``t`` to inputs ``floor((t + p) / s)
 then each block's transposed conv and the residual units at its input rate, and the first conv's 3
 frames: ``3 + 39 + 1 + 2*39 + 2*2 + 8*39 + 8*4 + 64*39 + 64*4 + 512*3 = 4757``.
 
-Cost: the convolutions do exactly the one-shot decoder's multiply-accumulates, whatever the chunk
-sizes (a test counts them).  The state is each conv's last ``(k - 1) d`` input samples, each
-transposed conv's ``k - s`` partial sums and each residual unit's not-yet-matched inputs.  Each Snake
-runs inside the stage of the conv it feeds and writes its output in the conv's dtype, straight into
-the conv's ``[history | new]`` input buffer where there is one (no autocast cast, no cat).  What
-small chunks add is per-call overhead: on CUDA the pushes are replayed from CUDA graphs (see
-:class:`StreamingDACDecoder`), and a steady push is still ~270 kernels, ~1.2-1.5 ms of GPU time on
-an H200 whatever its size (the one-shot decode costs ~0.03 ms per frame; ``benchmarks/streaming.py``
-and docs/BENCHMARKS.md have the tables).  A third of that is cuDNN's NCHW/NHWC layout transforms.
-The stream matches the one-shot decode at 118 dB in fp32 (TF32 off; graphs bit for bit equal to
-the eager pushes) and at 56.6 dB under fp16 autocast (fp16 rounding of the shorter convolutions).
+Cost: the convolutions do the one-shot decoder's multiply-accumulates, whatever the chunk sizes,
+plus one input sample per transposed-conv call (its history, recomputed so that every output is a
+single conv sum as in the one-shot decode: ~3% more work at 1-frame pushes; a test counts them).  The
+state is each conv's last ``(k - 1) d`` input samples, each transposed conv's last input and each
+residual unit's not-yet-matched inputs.  Each Snake runs inside the stage of the conv it feeds and
+writes its output in the conv's dtype, straight into the conv's ``[history | new]`` input buffer (no
+autocast cast, no cat).  What small chunks add is per-call overhead: on CUDA the pushes are replayed
+from CUDA graphs (see :class:`StreamingDACDecoder`), and a steady push is still ~270 kernels,
+~1.2-1.5 ms of GPU time on an H200 whatever its size (the one-shot decode costs ~0.03 ms per frame;
+``benchmarks/streaming.py`` and docs/BENCHMARKS.md have the tables).  A third of that is cuDNN's
+NCHW/NHWC layout transforms.
+
+Exactness: every output sample is computed by the same sums of the same products as in the one-shot
+decode, so the stream equals it exactly wherever each conv kernel's summation order does not depend on
+the length of its input.  It matches at 118 dB in fp32 (TF32 off; graphs bit for bit equal to the
+eager pushes).  In 16 bits, where every conv output is rounded, what is left is the convolution
+backends' choice of algorithm by input length: on the CPU a tiny DAC streams bit for bit equal under
+fp16 and bf16 autocast, the real-size one in fp16 for most schedules; measured on an H200 before the
+transposed convs kept their history (they added partial sums of two calls): 56.6 dB under fp16.
 """
 
 from __future__ import annotations
@@ -264,16 +272,19 @@ class _Conv(_Stage):
 
 
 class _ConvTranspose(_Stage):
-    """``nn.ConvTranspose1d`` (stride ``s``, kernel ``k >= s``, padding ``p``) by overlap-add, after an
-    optional Snake.
+    """``nn.ConvTranspose1d`` (stride ``s``, kernel ``k >= s``, padding ``p``), after an optional Snake.
 
-    Input ``i`` adds ``k`` samples to the uncropped output, at ``i * s .. i * s + k - 1``; so once
-    ``m`` inputs are in, uncropped samples ``< m * s`` are complete and the next ``k - s`` hold
-    partial sums (the tail).  The cropped output is uncropped sample ``t + p``: ``p`` samples are
-    dropped at the start and, at flush, at the end.
+    Input ``i`` adds ``k`` samples to the uncropped output, at ``i * s .. i * s + k - 1``, so uncropped sample
+    ``u`` is a sum over inputs ``floor((u - k) / s) + 1 .. floor(u / s)``: once ``m`` inputs are in, samples
+    ``< m * s`` are final.  Each push runs the transposed conv over the last ``h = ceil(k / s) - 1`` inputs
+    (the history, zeros before the stream) and the new ones, and keeps the samples from the new inputs' first
+    on: each final sample is then one conv sum, bias included, over the same inputs as in the one-shot decode
+    (adding the partial sums of two calls instead would round twice in 16 bits), at the cost of recomputing
+    ``h`` inputs per call (one for the DAC: ~3% of the decoder's work at 1-frame pushes).  The cropped output
+    is uncropped sample ``t + p``: ``p`` samples are dropped at the start and, at flush, at the end.
     """
 
-    state_attrs = ("tail", "to_skip")
+    state_attrs = ("history", "to_skip")
 
     def __init__(self, conv: nn.ConvTranspose1d, params: _Params, snake: Snake1d | None = None) -> None:
         super().__init__()
@@ -283,41 +294,44 @@ class _ConvTranspose(_Stage):
             raise ValueError(f"unsupported transposed conv for streaming: {conv}")
         self.conv, self.params, self.snake = conv, params, snake
         self.stride, self.kernel, self.padding = s, k, p
+        self.context = -(-k // s) - 1  # history inputs
         self.right = p
         self.left = k - s - p
         self.reset()
 
     def reset(self) -> None:
         super().reset()
-        self.tail: Tensor | None = None
+        self.history: Tensor | None = None
         self.to_skip = self.padding
 
     @property
     def steady(self) -> bool:
-        return self.tail is not None and self.to_skip == 0
+        return self.history is not None and self.to_skip == 0
+
+    def _conv(self, buf: Tensor) -> Tensor:
+        return F.conv_transpose1d(buf, self.params(self.conv.weight), self.params(self.conv.bias), stride=self.stride)
 
     def _emit(self, y: Tensor) -> Tensor | None:
         drop = min(self.to_skip, y.shape[-1])
         self.to_skip -= drop
         y = y[..., drop:]
-        if y.shape[-1] == 0:
-            return None
-        bias = self.params(self.conv.bias)
-        return y if bias is None else y + bias.to(y.dtype)[:, None]
+        return y if y.shape[-1] else None
 
     def push(self, x: Tensor) -> Tensor | None:
-        y = F.conv_transpose1d(_activate(self.snake, x), self.params(self.conv.weight), None, stride=self.stride)
-        if self.tail is not None:
-            y[..., : self.tail.shape[-1]].add_(self.tail)
-        done = x.shape[-1] * self.stride
-        self.tail = self._keep(y[..., done:])
-        return self._emit(y[..., :done])
+        if self.history is None:
+            dtype = x.dtype if self.snake is None else _conv_input_dtype(x, self.snake)
+            self.history = x.new_zeros(x.shape[0], x.shape[1], self.context, dtype=dtype)
+        buf = _cat_activated(self.history, x, self.snake)
+        self.history = self._keep(buf[..., buf.shape[-1] - self.context :])
+        first = self.context * self.stride
+        return self._emit(self._conv(buf)[..., first : first + x.shape[-1] * self.stride])
 
     def flush(self) -> Tensor | None:
-        if self.tail is None:
+        if self.history is None:
             return None
-        tail, self.tail = self.tail, None
-        return self._emit(tail[..., : tail.shape[-1] - self.padding])
+        h, self.history = self.history, None
+        first = self.context * self.stride  # the samples after the last input's first, up to the crop
+        return self._emit(self._conv(h)[..., first : (self.context - 1) * self.stride + self.kernel - self.padding])
 
 
 def _run(stages: Sequence[_Stage], x: Tensor | None) -> Tensor | None:

@@ -318,6 +318,8 @@ class _ConvTranspose(_Stage):
         return y if y.shape[-1] else None
 
     def push(self, x: Tensor) -> Tensor | None:
+        if x.shape[-1] == 0:
+            return None
         if self.history is None:
             dtype = x.dtype if self.snake is None else _conv_input_dtype(x, self.snake)
             self.history = x.new_zeros(x.shape[0], x.shape[1], self.context, dtype=dtype)
@@ -327,10 +329,11 @@ class _ConvTranspose(_Stage):
         return self._emit(self._conv(buf)[..., first : first + x.shape[-1] * self.stride])
 
     def flush(self) -> Tensor | None:
-        if self.history is None:
-            return None
         h, self.history = self.history, None
-        first = self.context * self.stride  # the samples after the last input's first, up to the crop
+        if h is None or self.context == 0:  # k == s: every sample was final at its push
+            return None
+        # The last inputs' samples past the final ones, minus the crop at the end.
+        first = self.context * self.stride
         return self._emit(self._conv(h)[..., first : (self.context - 1) * self.stride + self.kernel - self.padding])
 
 

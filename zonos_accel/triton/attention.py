@@ -135,16 +135,17 @@ def _decode_kernel(
                 tl.atomic_xchg(count_ptr + bh, 0, sem="relaxed", scope="gpu")
 
 
-# Split counters of the decode kernel by (device, stream): zero between calls (the merging split resets its
-# own), never freed, because CUDA graphs captured earlier keep their addresses.
+# Split counters of the decode kernel, one set per KV cache (so models decoding concurrently on one device never
+# share one): zero between calls (the merging split resets its own), never freed, because CUDA graphs captured
+# earlier keep their addresses.
 _counters: dict[tuple[torch.device, int], torch.Tensor] = {}
 
 
-def _split_counters(device: torch.device, n: int) -> torch.Tensor:
-    key = (device, torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0)
+def _split_counters(k_cache: torch.Tensor, n: int) -> torch.Tensor:
+    key = (k_cache.device, k_cache.data_ptr())
     counters = _counters.get(key)
     if counters is None or counters.numel() < n:
-        counters = torch.zeros(max(n, 256), device=device, dtype=torch.int32)
+        counters = torch.zeros(max(n, 256), device=k_cache.device, dtype=torch.int32)
         _counters[key] = counters  # a smaller one it replaces stays alive in the graphs that use it
     return counters
 
@@ -174,7 +175,7 @@ def decode_attention(
         out,
         acc,
         ml,
-        _split_counters(q.device, b * hkv),
+        _split_counters(k_cache, b * hkv),
         1.0 / math.sqrt(d),
         hkv,
         CHUNK,

@@ -3,14 +3,15 @@ for a 16-bit stream equal to the one-shot decode bit for bit: every streamed sam
 the same inputs as in the one-shot decode (zonos/codec/streaming.py), but the backend (cuDNN, oneDNN) picks
 its algorithm, and so its summation order, by shape.
 
-For the codebook projection and every distinct conv of the DAC 44.1 kHz decoder (real sizes, random weights and inputs), the one-shot
-call (the whole sequence with built-in zero padding, as ``nn.Conv1d`` / ``nn.ConvTranspose1d`` run it) is
-compared with the calls a stream makes for pushes of 1, 2, 4, 8, 16 and 32 frames: the conv over
+For the codebook projection and every distinct conv of the DAC 44.1 kHz decoder (real sizes, random weights
+and inputs), the one-shot call (the whole sequence with built-in zero padding, as ``nn.Conv1d`` /
+``nn.ConvTranspose1d`` run it) is compared with the calls a stream makes for pushes of 1, 2, 4, 8, 16 and
+32 frames (one push inside the sequence per size): the conv over
 ``[history | new]`` at the layer's sample rate without padding, the transposed conv over
 ``[last input | new inputs]``. Each cell counts the output samples that differ (0: bit for bit equal).
 fp32 runs without TF32.
 
-    python benchmarks/conv_exactness.py [--device cuda] [--frames 48] [--dtypes float16,bfloat16,float32]
+    python benchmarks/conv_exactness.py [--device cuda] [--frames 64] [--dtypes float16,bfloat16,float32]
 """
 
 from __future__ import annotations
@@ -79,7 +80,7 @@ def mismatches(conv: dict, frames: int, dtype: torch.dtype, device: str, gen: to
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--frames", type=int, default=48, help="frames of the one-shot input (≥ 2 × the largest chunk)")
+    ap.add_argument("--frames", type=int, default=64, help="frames of the one-shot input (≥ 2 × the largest chunk)")
     ap.add_argument("--dtypes", default="float16,bfloat16,float32")
     args = ap.parse_args()
     if args.frames < 2 * max(CHUNKS):

@@ -198,11 +198,19 @@ def step_table(bw: float, best: dict) -> list:
     return rows
 
 
+def m_values(text: str) -> list[int]:
+    """``--sweep-m``: comma-separated positive ints."""
+    values = [int(x) for x in text.split(",")]
+    if min(values) < 1:
+        raise ValueError(text)
+    return values
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument(
         "--sweep-m",
-        type=lambda v: [int(x) for x in v.split(",")],
+        type=m_values,
         default=[2],
         help="comma-separated M values whose work splits are swept (default 2, the decode with CFG; the step "
         "table needs 2)",

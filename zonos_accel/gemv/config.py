@@ -124,17 +124,29 @@ def lane_tile(m: int) -> tuple[int, int]:
     return (1, 4) if m <= 8 else (1, 2)
 
 
-# The decode step's problems (batch 1 with CFG: M = 2) pinned to the fastest split of two sweeps
-# (benchmarks/gemv.py, H200, 2026-11-30): (M, N, K) → (vecs, rows, stream_loads). Streaming loads help the
-# K = 2048 shapes with many rows and hurt the (2, 4) tile at K ≥ 4096 (out_proj 6.78 vs 5.14 µs).
+# Pinned splits (M, N, K) → (vecs, rows, stream_loads): the fastest of every candidate split in
+# `benchmarks/gemv.py --sweep-m 1,2,4` (H200, 2026-11-30; µs per call, cold weights, graph replay). M = 2 is the
+# decode step (batch 1 with CFG); M = 1 and 4 are batch 1 without CFG and batch 2 with it.  Streaming loads help
+# the K = 2048 shapes with many rows and hurt the (2, 4) tile at K ≥ 4096 at M = 2 (out_proj 6.78 vs 5.14 µs).
 TUNED = {
-    (2, 8512, 2048): (2, 4, True),  # Mamba2 in_proj: 10.27 µs
+    (1, 8512, 2048): (1, 8, False),  # Mamba2 in_proj: 9.38 (cuBLAS 11.81)
+    (1, 2048, 4096): (2, 4, False),  # Mamba2 out_proj: 5.07 (9.31)
+    (1, 3072, 2048): (1, 8, False),  # attention qkv: 4.15 (6.49)
+    (1, 2048, 2048): (8, 1, False),  # attention out: 3.45 (6.08)
+    (1, 16384, 2048): (2, 4, False),  # MLP fc1: 17.24 (19.34)
+    (1, 2048, 8192): (4, 2, False),  # MLP fc2: 9.61 (13.56)
+    (1, 9232, 2048): (1, 8, False),  # the 9 heads, stacked and padded: 10.00 (12.33)
+    (2, 8512, 2048): (2, 4, True),  # Mamba2 in_proj: 10.27
     (2, 2048, 4096): (2, 4, False),  # Mamba2 out_proj: 5.14
     (2, 3072, 2048): (1, 8, False),  # attention qkv: 4.28
     (2, 2048, 2048): (2, 4, False),  # attention out: 3.59
     (2, 16384, 2048): (4, 2, True),  # MLP fc1: 17.93
     (2, 2048, 8192): (2, 4, False),  # MLP fc2: 9.35
-    (2, 9232, 2048): (4, 2, True),  # the 9 heads, stacked and padded: 10.79
+    (2, 9232, 2048): (4, 2, True),  # the 9 heads: 10.79
+    (4, 2048, 4096): (2, 4, True),  # Mamba2 out_proj: 6.65 (9.27)
+    (4, 3072, 2048): (1, 8, False),  # attention qkv: 5.00 (6.51)
+    (4, 2048, 2048): (2, 4, True),  # attention out: 4.12 (6.09)
+    (4, 2048, 8192): (2, 4, True),  # MLP fc2: 10.57 (13.46)
 }
 
 

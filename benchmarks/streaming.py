@@ -11,18 +11,35 @@ generates exactly --frames frames; a random 120-token prefix stands in for the t
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import time
 
 import torch
 
+import zonos.ops
 from benchmarks.common import cuda_time, percentile, random_model, suppress_eos, table
 from zonos.codec.autoencoder import DACAutoencoder
 from zonos.codec.dac import DACConfig
 from zonos.codec.streaming import StreamingDACDecoder
+from zonos.ops import vocoder as vocoder_reference
 from zonos_accel.triton import enable_triton_ops
 
 FRAME_S = 512 / 44100  # 11.61 ms of audio per frame
+
+
+@contextlib.contextmanager
+def torch_layer_ops():
+    """The decoder layers' torch references (cuDNN convs) instead of whatever zonos.ops holds."""
+    names = ("conv1d", "conv_transpose1d", "sequence_tail")
+    saved = {name: getattr(zonos.ops, name) for name in names}
+    for name in names:
+        setattr(zonos.ops, name, getattr(vocoder_reference, name))
+    try:
+        yield
+    finally:
+        for name, op in saved.items():
+            setattr(zonos.ops, name, op)
 
 
 def vocoder_cost(codec: DACAutoencoder, frames: int, chunk_sizes: list[int]) -> list[dict]:
@@ -30,6 +47,8 @@ def vocoder_cost(codec: DACAutoencoder, frames: int, chunk_sizes: list[int]) -> 
     codes = torch.randint(0, 1024, (1, 9, frames), device="cuda")
     one_shot = cuda_time(lambda: codec.decode(codes)) / frames
     ref = codec.decode(codes).float()
+    with torch_layer_ops():
+        one_shot_torch = cuda_time(lambda: codec.decode(codes)) / frames
     dec = StreamingDACDecoder(codec)
     rows = []
     for c in chunk_sizes:
@@ -49,9 +68,11 @@ def vocoder_cost(codec: DACAutoencoder, frames: int, chunk_sizes: list[int]) -> 
             {
                 "chunk frames": c,
                 "one-shot ms/frame": 1000 * one_shot,
+                "one-shot torch (cuDNN) ms/frame": 1000 * one_shot_torch,
                 "streamed ms/frame": 1000 * per_frame,
                 "ratio": per_frame / one_shot,
                 "SNR dB vs one-shot": float(snr),
+                "samples differing": int((audio != ref).sum()),
             }
         )
     return rows

@@ -13,7 +13,6 @@ import torch.nn.functional as F
 import zonos.ops
 from tests.tiny import TINY_DAC, random_dac_weights
 from zonos.codec import DAC, DACAutoencoder, DACConfig, StreamingDACDecoder, receptive_field
-from zonos.codec.dac import Snake1d
 
 TINY = TINY_DAC
 HOP = 512
@@ -367,27 +366,34 @@ def test_autocast_weights_cast_once_are_bit_exact(codec):
             conv.copy_(saved)
 
 
-def test_each_snake_is_one_op_call_in_the_conv_dtype(codec, monkeypatch):
-    """Every Snake runs inside the stage of the conv it feeds as one ``zonos.ops.snake`` call (one launch on
-    the Triton path), its output already in the dtype the conv computes in (fp16 under autocast: no cast),
-    and written straight into the conv's [history | new] input buffer where there is one (no cat)."""
-    reference = zonos.ops.snake
-    calls = []
+def test_a_push_is_one_op_call_per_layer(codec, monkeypatch):
+    """A steady push makes the one-shot decoder's op calls (one launch each on the Triton path): a ``conv1d``
+    for the 9 codebooks' projections together and per conv (bias, residual and tanh inside it), a
+    ``conv_transpose1d`` per upsampling layer, a ``snake`` per Snake (in the conv's dtype) and a
+    ``sequence_tail`` per layer history."""
+    calls: dict[str, list] = {"conv1d": [], "conv_transpose1d": [], "sequence_tail": [], "snake": []}
+    for name, log in calls.items():
+        original = getattr(zonos.ops, name)
 
-    def recording(x, alpha, out_dtype=None, *, out=None):
-        y = reference(x, alpha, out_dtype, out=out)
-        calls.append((y.dtype, out is not None))
-        return y
+        def recording(*args, _original=original, _log=log, **kwargs):
+            y = _original(*args, **kwargs)
+            _log.append(y.dtype)
+            return y
 
+        monkeypatch.setattr(zonos.ops, name, recording)
     codes = random_codes(1, 19, seed=23)
-    expected = stream(StreamingDACDecoder(codec, fp16_autocast=True), codes, [11, 4, 4])
-    monkeypatch.setattr(zonos.ops, "snake", recording)
+    expected = codec.decode(codes)
     dec = StreamingDACDecoder(codec, fp16_autocast=True)
     outs = [dec.push(codes[..., :11]), dec.push(codes[..., 11:15])]
-    calls.clear()
+    for log in calls.values():
+        log.clear()
     outs.append(dec.push(codes[..., 15:]))  # a steady push
-    assert len(calls) == sum(isinstance(m, Snake1d) for m in codec.dac.decoder.modules()) == 29
-    assert all(dtype == torch.float16 for dtype, _ in calls)
-    assert sum(into for _, into in calls) == 17  # the 12 dilated convs, the final conv, the 4 transposed convs
+    convs = [m for m in codec.dac.decoder.modules() if isinstance(m, torch.nn.Conv1d)]
+    assert len(calls["conv1d"]) == 1 + len(convs) == 27  # the codebooks' projection, then the decoder's
+    assert len(calls["conv_transpose1d"]) == 4
+    assert len(calls["snake"]) == 29
+    # The first and last conv, each block's transposed conv, and two per residual unit (conv1's input, pending).
+    assert len(calls["sequence_tail"]) == 2 + 4 * (1 + 3 * 2)
+    assert all(d == torch.float16 for log in calls.values() for d in log)
     outs.append(dec.flush())
-    assert torch.equal(torch.cat(outs, -1), expected)
+    assert snr_db(torch.cat(outs, -1), expected.float()) > 30  # fp16 stream vs fp32 one-shot

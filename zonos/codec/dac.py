@@ -105,6 +105,16 @@ class DACConfig:
 # ---------------------------------------------------------------------------------------------
 
 
+def conv_dtype(x: Tensor, weight: Tensor) -> torch.dtype:
+    """The dtype a conv of ``x`` by ``weight`` computes in: autocast's where it is on (it leaves float64
+    alone), else the promoted dtype."""
+    dtype = torch.promote_types(x.dtype, weight.dtype)
+    device = x.device.type
+    if torch.is_autocast_enabled(device) and dtype != torch.float64:
+        return torch.get_autocast_dtype(device)
+    return dtype
+
+
 class Snake1d(nn.Module):
     """Snake activation ``x + sin(alpha * x)**2 / alpha`` with one ``alpha`` per channel (:func:`zonos.ops.snake`)."""
 
@@ -117,7 +127,12 @@ class Snake1d(nn.Module):
 
 
 class ResidualUnit(nn.Module):
-    """``x + conv2(snake2(conv1(snake1(x))))`` with a dilated kernel-7 conv1 and a kernel-1 conv2."""
+    """``x + conv2(snake2(conv1(snake1(x))))`` with a dilated kernel-7 conv1 and a kernel-1 conv2.
+
+    The Snakes and convs are the :mod:`zonos.ops` calls the streaming decoder makes (each Snake rounded to the
+    conv's dtype, the residual added by conv2), so both compute the same sums; "same" padding keeps the
+    lengths equal.
+    """
 
     def __init__(self, channels: int, dilation: int) -> None:
         super().__init__()
@@ -127,9 +142,12 @@ class ResidualUnit(nn.Module):
         self.conv2 = nn.Conv1d(channels, channels, 1)
 
     def forward(self, x: Tensor) -> Tensor:
-        h = self.conv2(self.snake2(self.conv1(self.snake1(x))))
-        # "Same" padding keeps the lengths equal, so no cropping of x is needed.
-        return x + h
+        dtype = conv_dtype(x, self.conv1.weight)
+        (d,), (p,) = self.conv1.dilation, self.conv1.padding
+        h = ops.snake(x, self.snake1.alpha, dtype)
+        h = ops.conv1d(h, self.conv1.weight, self.conv1.bias, dilation=d, padding=p, dtype=dtype)
+        h = ops.snake(h, self.snake2.alpha, dtype)
+        return ops.conv1d(h, self.conv2.weight, self.conv2.bias, residual=x, dtype=dtype)
 
 
 def _residual_stack(channels: int) -> tuple[ResidualUnit, ResidualUnit, ResidualUnit]:
@@ -162,7 +180,12 @@ class DecoderBlock(nn.Module):
         self.res_unit1, self.res_unit2, self.res_unit3 = _residual_stack(out_channels)
 
     def forward(self, x: Tensor) -> Tensor:
-        x = self.conv_t1(self.snake1(x))
+        conv = self.conv_t1
+        (s,), (p,) = conv.stride, conv.padding
+        length = (x.shape[-1] - 1) * s + conv.kernel_size[0] - 2 * p
+        dtype = conv_dtype(x, conv.weight)
+        x = ops.snake(x, self.snake1.alpha, dtype)
+        x = ops.conv_transpose1d(x, conv.weight, conv.bias, stride=s, start=p, length=length, dtype=dtype)
         return self.res_unit3(self.res_unit2(self.res_unit1(x)))
 
 
@@ -204,10 +227,13 @@ class Decoder(nn.Module):
         self.conv2 = nn.Conv1d(width, 1, 7, padding=3)
 
     def forward(self, z: Tensor) -> Tensor:
-        x = self.conv1(z)
+        dtype = conv_dtype(z, self.conv1.weight)
+        x = ops.conv1d(z, self.conv1.weight, self.conv1.bias, padding=self.conv1.padding[0], dtype=dtype)
         for block in self.block:
             x = block(x)
-        return torch.tanh(self.conv2(self.snake1(x)))
+        x = ops.snake(x, self.snake1.alpha, dtype)
+        conv = self.conv2
+        return ops.conv1d(x, conv.weight, conv.bias, padding=conv.padding[0], tanh=True, dtype=dtype)
 
 
 class VectorQuantizer(nn.Module):
@@ -279,14 +305,25 @@ class DAC(nn.Module):
         return torch.stack(codes, dim=1)
 
     def codes_to_latent(self, codes: Tensor) -> Tensor:
-        """Sum of every stage's contribution: latent ``[B, hidden_size, T]`` of codes ``[B, Q, T]``."""
+        """Sum of every stage's contribution: latent ``[B, hidden_size, T]`` of codes ``[B, Q, T]``.
+
+        Every stage's ``out_proj(codebook row)`` is linear, so the sum is one kernel-1 conv of the Q stacked
+        codebook rows (``[B, Q * codebook_dim, T]``) by the Q out_proj weights side by side, plus the summed
+        biases: a handful of launches instead of three per codebook.
+        """
         quantizers = self.quantizer.quantizers
-        if codes.shape[1] > len(quantizers):
-            raise ValueError(f"codes have {codes.shape[1]} codebooks, the model has {len(quantizers)}")
-        latent = quantizers[0].embed(codes[:, 0])
-        for q in range(1, codes.shape[1]):
-            latent = latent + quantizers[q].embed(codes[:, q])
-        return latent
+        b, q, t = codes.shape
+        if q > len(quantizers):
+            raise ValueError(f"codes have {q} codebooks, the model has {len(quantizers)}")
+        used = quantizers[:q]
+        table = torch.cat([vq.codebook.weight for vq in used])  # [Q * codebook_size, D]
+        size = self.config.codebook_size
+        offsets = torch.arange(0, q * size, size, device=codes.device)[:, None]
+        rows = F.embedding(codes + offsets, table).permute(0, 1, 3, 2).reshape(b, -1, t)  # [B, Q * D, T]
+        weight = torch.cat([vq.out_proj.weight for vq in used], dim=1)  # [hidden, Q * D, 1]
+        bias = torch.stack([vq.out_proj.bias for vq in used]).sum(0)
+        # Through the decoder's conv op, whose sums do not depend on T: a stream's latent equals the one-shot one.
+        return ops.conv1d(rows, weight, bias, dtype=conv_dtype(rows, weight))
 
     def decode_latent(self, latent: Tensor) -> Tensor:
         """Waveform ``[B, 1, hop_length * T]`` of a latent ``[B, hidden_size, T]``."""

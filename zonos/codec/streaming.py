@@ -52,16 +52,15 @@ from __future__ import annotations
 import contextlib
 import math
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from zonos import ops
 from zonos.codec.autoencoder import DACAutoencoder, decode_precision, validate_codes
-from zonos.codec.dac import DAC, DACConfig, Snake1d
+from zonos.codec.dac import DAC, DACConfig, ResidualUnit, Snake1d, conv_dtype
 
 __all__ = ["StreamingDACDecoder", "ReceptiveField", "receptive_field"]
 
@@ -154,85 +153,48 @@ class _Stage:
         """This stage and the stages inside it."""
         yield self
 
-    def _keep(self, state: Tensor) -> Tensor:
-        """The stage's next state: ``state`` itself, or with ``static`` set its copy in this stage's
-        buffer for that shape and dtype."""
+    def _tail(self, history: Tensor, x: Tensor, length: int) -> Tensor:
+        """The last ``length`` samples of ``[history | x]``: the stage's next history.  With ``static`` set it
+        is written into this stage's buffer for that shape (in place once the history has its final length)."""
         if not self.static:
-            return state
-        key = (state.shape, state.dtype, state.device)
+            return ops.sequence_tail(history, x, length)
+        key = ((*history.shape[:2], length), history.dtype, history.device)
         buf = self._buffers.get(key)
         if buf is None:
-            if state.is_cuda and torch.cuda.is_current_stream_capturing():
+            if history.is_cuda and torch.cuda.is_current_stream_capturing():
                 raise RuntimeError("streaming state would be allocated inside a CUDA graph capture")
-            buf = self._buffers[key] = torch.empty(state.shape, dtype=state.dtype, device=state.device)
-        return buf.copy_(state)
+            buf = self._buffers[key] = torch.empty(key[0], dtype=history.dtype, device=history.device)
+        return ops.sequence_tail(history, x, length, out=buf)
 
 
-def _conv_input_dtype(x: Tensor, snake: Snake1d) -> torch.dtype:
-    """The dtype a conv computes in when it is fed ``snake(x)``: autocast's, else Snake's result dtype."""
-    dtype = torch.promote_types(x.dtype, snake.alpha.dtype)
-    device = x.device.type
-    if torch.is_autocast_enabled(device) and dtype != torch.float64:  # autocast leaves float64 alone
-        return torch.get_autocast_dtype(device)
-    return dtype
+def _weights(conv: nn.Module, params: _Params) -> tuple[Tensor, Tensor | None]:
+    return params(conv.weight), params(conv.bias)
 
 
-def _activate(snake: Snake1d | None, x: Tensor) -> Tensor:
-    """The input of a conv that Snake feeds (``x`` without one), rounded to the dtype the conv computes in
-    (autocast's cast, done by Snake's last write instead of a kernel of its own)."""
-    return x if snake is None else ops.snake(x, snake.alpha, _conv_input_dtype(x, snake))
-
-
-def _cat_activated(history: Tensor, x: Tensor, snake: Snake1d | None) -> Tensor:
-    """``[history | snake(x)]`` along time (``x`` without a snake), in ``history``'s dtype.  Snake writes
-    straight into the buffer, instead of a Snake, a cast and a cat (one launch on the fast path)."""
-    if snake is None:
-        return torch.cat([history, x], dim=-1)
-    n = history.shape[-1]
-    buf = history.new_empty(*x.shape[:2], n + x.shape[-1])
-    buf[..., :n].copy_(history)
-    ops.snake(x, snake.alpha, out=buf[..., n:])
-    return buf
-
-
-class _Pointwise(_Stage):
-    """A per-sample function (the final tanh): no state, no delay."""
-
-    def __init__(self, fn: Callable[[Tensor], Tensor]) -> None:
-        super().__init__()
-        self.fn = fn
-
-    def push(self, x: Tensor) -> Tensor | None:
-        return self.fn(x)
-
-
-class _PointwiseConv(_Stage):
-    """A kernel-1 ``nn.Conv1d`` without padding, after an optional Snake: per-sample, no state, no delay."""
-
-    def __init__(self, conv: nn.Conv1d, params: _Params, snake: Snake1d | None = None) -> None:
-        super().__init__()
-        self.conv, self.params, self.snake = conv, params, snake
-
-    def push(self, x: Tensor) -> Tensor | None:
-        return F.conv1d(_activate(self.snake, x), self.params(self.conv.weight), self.params(self.conv.bias))
+def _activate(snake: Snake1d | None, x: Tensor, weight: Tensor) -> Tensor:
+    """The input of a conv by ``weight`` that ``snake`` feeds (``x`` without one), in the conv's dtype: the
+    one-shot decoder's ``ops.snake`` call."""
+    dtype = conv_dtype(x, weight)
+    return x.to(dtype) if snake is None else ops.snake(x, snake.alpha, dtype)
 
 
 class _Conv(_Stage):
-    """A stride-1 ``nn.Conv1d`` with zero padding ``p`` on both sides, after an optional Snake.
+    """A stride-1 ``nn.Conv1d`` with zero padding ``p`` on both sides, after an optional Snake, with an optional
+    tanh after it.
 
-    Keeps the last ``(k - 1) * d`` input samples (Snake's outputs, when there is one); the initial
-    history is the ``p`` zeros of the left padding, and flush appends the right padding's zeros.
+    Keeps the last ``(k - 1) * d`` conv input samples (Snake's outputs, when there is one); the initial history
+    is the ``p`` zeros of the left padding, and flush pushes the right padding's (Snake maps zero to zero).
     """
 
     state_attrs = ("history",)
 
-    def __init__(self, conv: nn.Conv1d, params: _Params, snake: Snake1d | None = None) -> None:
+    def __init__(self, conv: nn.Conv1d, params: _Params, snake: Snake1d | None = None, tanh: bool = False) -> None:
         super().__init__()
         (k,), (d,), (s,) = conv.kernel_size, conv.dilation, conv.stride
         pad = conv.padding
         if s != 1 or conv.groups != 1 or not isinstance(pad, tuple) or conv.padding_mode != "zeros":
             raise ValueError(f"unsupported conv for streaming: {conv}")
-        self.conv, self.params, self.snake = conv, params, snake
+        self.conv, self.params, self.snake, self.tanh = conv, params, snake, tanh
         self.dilation = d
         self.context = (k - 1) * d  # input samples one output spans, minus one
         self.left = pad[0]
@@ -247,28 +209,80 @@ class _Conv(_Stage):
     def steady(self) -> bool:
         return self.history is not None and self.history.shape[-1] == self.context
 
+    def _input(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """(history, the conv input of x): Snake once per sample, in the conv's dtype."""
+        x = _activate(self.snake, x, self.conv.weight)
+        if self.history is None:
+            self.history = x.new_zeros(x.shape[0], x.shape[1], self.left)
+        return self.history, x
+
+    def _conv(self, history: Tensor, x: Tensor, **kwargs) -> Tensor | None:
+        """The conv over ``[history | x]``: the outputs it makes final (None: none yet)."""
+        if history.shape[-1] + x.shape[-1] <= self.context:
+            return None
+        weight, bias = _weights(self.conv, self.params)
+        return ops.conv1d(x, weight, bias, history=history, dilation=self.dilation, dtype=x.dtype, **kwargs)
+
+    def _advance(self, history: Tensor, x: Tensor) -> None:
+        self.history = self._tail(history, x, min(history.shape[-1] + x.shape[-1], self.context))
+
     def push(self, x: Tensor) -> Tensor | None:
-        return self._step(x, self.snake)
+        history, x = self._input(x)
+        y = self._conv(history, x, tanh=self.tanh)
+        self._advance(history, x)
+        return y
 
     def flush(self) -> Tensor | None:
         if self.history is None:
             return None
         h = self.history
-        out = self._step(h.new_zeros(h.shape[0], h.shape[1], self.right), None)  # padding: not activated
-        self.history = None
+        out = self.push(h.new_zeros(h.shape[0], h.shape[1], self.right))
+        self.reset_state()
         return out
 
-    def _step(self, x: Tensor, snake: Snake1d | None) -> Tensor | None:
-        if self.history is None:
-            dtype = x.dtype if snake is None else _conv_input_dtype(x, snake)
-            self.history = x.new_zeros(x.shape[0], x.shape[1], self.left, dtype=dtype)
-        buf = _cat_activated(self.history, x, snake)
-        n_out = buf.shape[-1] - self.context
-        # A view of buf (the next push's cat copies it out anyway), or its copy in a static buffer.
-        self.history = self._keep(buf[..., max(n_out, 0) :])
-        if n_out <= 0:
-            return None
-        return F.conv1d(buf, self.params(self.conv.weight), self.params(self.conv.bias), dilation=self.dilation)
+    def reset_state(self) -> None:
+        self.history = None
+
+
+class _ResUnit(_Conv):
+    """A :class:`~zonos.codec.dac.ResidualUnit`: ``x + conv2(snake2(conv1(snake1(x))))``.
+
+    conv1 streams as a :class:`_Conv` (history: its last ``6 d`` inputs, ``snake1(x)``); the kernel-1 conv2
+    adds the residual as it stores, reading it from ``[pending | x]``, where ``pending`` holds the raw inputs
+    whose conv1 output is not final yet (window samples ``3 d ..`` of conv1's input: its centre tap).  Both
+    histories advance after both convs (in place, once steady).
+    """
+
+    state_attrs = ("history", "pending")
+
+    def __init__(self, unit: ResidualUnit, params: _Params) -> None:
+        super().__init__(unit.conv1, params, unit.snake1)
+        self.unit = unit
+
+    def reset_state(self) -> None:
+        self.history = self.pending = None
+
+    def reset(self) -> None:
+        super().reset()
+        self.pending: Tensor | None = None
+
+    @property
+    def steady(self) -> bool:
+        return super().steady and self.pending is not None and self.pending.shape[-1] == self.right
+
+    def push(self, x: Tensor) -> Tensor | None:
+        raw = x
+        history, x = self._input(x)
+        pending = self.pending if self.pending is not None else raw.new_zeros(*raw.shape[:2], 0)
+        h = self._conv(history, x)
+        y = None
+        if h is not None:
+            weight, bias = _weights(self.unit.conv2, self.params)
+            h = _activate(self.unit.snake2, h, self.unit.conv2.weight)
+            y = ops.conv1d(h, weight, bias, residual=raw, residual_history=pending, dtype=h.dtype)
+        self._advance(history, x)
+        self.pending = self._tail(pending, raw, self.history.shape[-1] - self.left)
+        return y
 
 
 class _ConvTranspose(_Stage):
@@ -278,10 +292,10 @@ class _ConvTranspose(_Stage):
     ``u`` is a sum over inputs ``floor((u - k) / s) + 1 .. floor(u / s)``: once ``m`` inputs are in, samples
     ``< m * s`` are final.  Each push runs the transposed conv over the last ``h = ceil(k / s) - 1`` inputs
     (the history, zeros before the stream) and the new ones, and keeps the samples from the new inputs' first
-    on: each final sample is then one conv sum, bias included, over the same inputs as in the one-shot decode
-    (adding the partial sums of two calls instead would round twice in 16 bits), at the cost of recomputing
-    ``h`` inputs per call (one for the DAC: ~3% of the decoder's work at 1-frame pushes).  The cropped output
-    is uncropped sample ``t + p``: ``p`` samples are dropped at the start and, at flush, at the end.
+    on: each final sample is then one conv sum, bias included, over the same inputs as in the one-shot decode,
+    at the cost of recomputing ``h`` inputs per call (one for the DAC: ~3% of the decoder's work at 1-frame
+    pushes).  The cropped output is uncropped sample ``t + p``: ``p`` samples are dropped at the start and, at
+    flush, at the end.
     """
 
     state_attrs = ("history", "to_skip")
@@ -308,33 +322,37 @@ class _ConvTranspose(_Stage):
     def steady(self) -> bool:
         return self.history is not None and self.to_skip == 0
 
-    def _conv(self, buf: Tensor) -> Tensor:
-        return F.conv_transpose1d(buf, self.params(self.conv.weight), self.params(self.conv.bias), stride=self.stride)
-
-    def _emit(self, y: Tensor) -> Tensor | None:
-        drop = min(self.to_skip, y.shape[-1])
+    def _conv(self, history: Tensor, x: Tensor, end: int) -> Tensor | None:
+        """Uncropped samples ``h s + to_skip .. end - 1`` over ``[history | x]`` (None: none), skipping the crop;
+        ``x`` is Snake's output already."""
+        first = self.context * self.stride
+        drop = min(self.to_skip, max(end - first, 0))
         self.to_skip -= drop
-        y = y[..., drop:]
-        return y if y.shape[-1] else None
+        if end - first - drop <= 0:
+            return None
+        weight, bias = _weights(self.conv, self.params)
+        return ops.conv_transpose1d(
+            x, weight, bias, stride=self.stride, history=history, start=first + drop, length=end - first - drop,
+            dtype=x.dtype,
+        )  # fmt: skip
 
     def push(self, x: Tensor) -> Tensor | None:
         if x.shape[-1] == 0:
             return None
-        if self.history is None:
-            dtype = x.dtype if self.snake is None else _conv_input_dtype(x, self.snake)
-            self.history = x.new_zeros(x.shape[0], x.shape[1], self.context, dtype=dtype)
-        buf = _cat_activated(self.history, x, self.snake)
-        self.history = self._keep(buf[..., buf.shape[-1] - self.context :])
-        first = self.context * self.stride
-        return self._emit(self._conv(buf)[..., first : first + x.shape[-1] * self.stride])
+        x = _activate(self.snake, x, self.conv.weight)
+        history = self.history
+        if history is None:
+            history = x.new_zeros(x.shape[0], x.shape[1], self.context)
+        y = self._conv(history, x, (self.context + x.shape[-1]) * self.stride)
+        self.history = self._tail(history, x, self.context)
+        return y
 
     def flush(self) -> Tensor | None:
         h, self.history = self.history, None
         if h is None or self.context == 0:  # k == s: every sample was final at its push
             return None
         # The last inputs' samples past the final ones, minus the crop at the end.
-        first = self.context * self.stride
-        return self._emit(self._conv(h)[..., first : (self.context - 1) * self.stride + self.kernel - self.padding])
+        return self._conv(h, h[..., :0], (self.context - 1) * self.stride + self.kernel - self.padding)
 
 
 def _run(stages: Sequence[_Stage], x: Tensor | None) -> Tensor | None:
@@ -354,73 +372,16 @@ def _flush(stages: Sequence[_Stage]) -> Tensor | None:
     return x
 
 
-class _Residual(_Stage):
-    """``x + f(x)``: holds back each ``x`` sample until ``f``'s matching output is final."""
-
-    state_attrs = ("pending",)
-
-    def __init__(self, inner: Sequence[_Stage]) -> None:
-        super().__init__()
-        self.inner = list(inner)
-        assert all(s.stride == 1 for s in self.inner)
-        self.right = max(0, sum(s.right for s in self.inner))
-        self.left = max(0, sum(s.left for s in self.inner))
-        self.reset()
-
-    def reset(self) -> None:
-        super().reset()
-        self.pending: Tensor | None = None
-        for stage in self.inner:
-            stage.reset()
-
-    @property
-    def steady(self) -> bool:
-        return self.pending is not None and self.pending.shape[-1] == self.right and all(s.steady for s in self.inner)
-
-    def walk(self) -> Iterator[_Stage]:
-        yield self
-        for stage in self.inner:
-            yield from stage.walk()
-
-    def _add(self, pending: Tensor, h: Tensor | None) -> Tensor | None:
-        """``pending[:n] + h`` for the ``n`` samples of ``h``; the rest stays pending."""
-        n = 0 if h is None else h.shape[-1]
-        assert pending.shape[-1] >= n
-        self.pending = self._keep(pending[..., n:])
-        return None if h is None else pending[..., :n] + h
-
-    def push(self, x: Tensor) -> Tensor | None:
-        pending = x if self.pending is None else torch.cat([self.pending, x], dim=-1)
-        return self._add(pending, _run(self.inner, x))
-
-    def flush(self) -> Tensor | None:
-        h = _flush(self.inner)
-        out = None if self.pending is None else self._add(self.pending, h)
-        self.pending = None
-        return out
-
-
-def _pointwise_or_conv(conv: nn.Conv1d, params: _Params, snake: Snake1d) -> _Stage:
-    if conv.kernel_size == (1,) and conv.padding == (0,) and conv.stride == (1,) and conv.groups == 1:
-        return _PointwiseConv(conv, params, snake)
-    return _Conv(conv, params, snake)
-
-
 def _decoder_stages(dac: DAC, params: _Params | None = None) -> list[_Stage]:
-    """Streaming stages sharing the modules (hence weights) of ``dac.decoder``, in forward order.  Every
-    Snake feeds a conv, so it runs inside that conv's stage."""
+    """Streaming stages sharing the modules (hence weights) of ``dac.decoder``, in forward order: the calls
+    of the one-shot :class:`~zonos.codec.dac.Decoder` on ``[history | new]`` windows."""
     params = params or _Params()
     dec = dac.decoder
     stages: list[_Stage] = [_Conv(dec.conv1, params)]
     for block in dec.block:
         stages.append(_ConvTranspose(block.conv_t1, params, block.snake1))
-        for unit in (block.res_unit1, block.res_unit2, block.res_unit3):
-            inner = [
-                _pointwise_or_conv(unit.conv1, params, unit.snake1),
-                _pointwise_or_conv(unit.conv2, params, unit.snake2),
-            ]
-            stages.append(_Residual(inner))
-    stages += [_Conv(dec.conv2, params, dec.snake1), _Pointwise(torch.tanh)]
+        stages += [_ResUnit(unit, params) for unit in (block.res_unit1, block.res_unit2, block.res_unit3)]
+    stages.append(_Conv(dec.conv2, params, dec.snake1, tanh=True))
     return stages
 
 

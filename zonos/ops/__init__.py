@@ -14,13 +14,16 @@ from zonos.ops.precision import compute_dtype
 from zonos.ops.rotary import apply_rotary, rotary_cos_sin, rotary_qk, rotate_and_cache
 from zonos.ops.snake import snake
 from zonos.ops.ssd import ssd_scan, ssd_step
+from zonos.ops.vocoder import conv1d, conv_transpose1d, sequence_tail
 
 __all__ = [
     "add_layer_norm",
     "apply_rotary",
     "causal_conv1d",
     "compute_dtype",
+    "conv1d",
     "conv_step",
+    "conv_transpose1d",
     "decode_attention",
     "embedding_sum",
     "gated_rms_norm",
@@ -29,6 +32,7 @@ __all__ = [
     "rotary_cos_sin",
     "rotary_qk",
     "rotate_and_cache",
+    "sequence_tail",
     "silu_mul",
     "snake",
     "ssd_scan",

@@ -22,5 +22,5 @@ def snake(
     if out is None and out_dtype is None:
         return x + h
     if out is None:
-        out = torch.empty(torch.broadcast_shapes(x.shape, h.shape), dtype=out_dtype, device=x.device)
-    return torch.add(x, h, out=out)  # computed in the promoted dtype, rounded once to out's
+        return (x + h).to(out_dtype)  # what add(out=) computes, without its refusal of tensors that need grad
+    return torch.add(x, h, out=out)  # computed in the promoted dtype, then rounded to out's

@@ -1,0 +1,256 @@
+"""The DAC layer ops (zonos/ops/vocoder.py) and their Triton kernels (zonos_accel/triton/vocoder.py).
+
+The kernels run compiled on the GPU (where there is one) or, with TRITON_INTERPRET=1, in Triton's interpreter on
+the CPU.  Each is compared with a float64 evaluation of the reference: no further from it
+than torch's own conv in the same dtype, on fresh random inputs with ragged channel counts and odd lengths.
+The property the streaming decoder relies on is checked directly: a window computed from
+``[history | new]`` equals the same samples of the one-shot call bit for bit, in every dtype.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from zonos.ops import vocoder as reference
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@pytest.fixture(scope="module", params=["interpreter", "cuda"])
+def target(request):
+    """(kernels module, device).  The interpreter runs the kernels on the CPU when the suite starts with
+    TRITON_INTERPRET=1 (set later, the interpreter cannot run their nested jit functions)."""
+    if request.param == "cuda" and (INTERPRET or not torch.cuda.is_available()):
+        pytest.skip("needs a CUDA device (and TRITON_INTERPRET unset)")
+    if request.param == "interpreter" and not INTERPRET:
+        pytest.skip("run with TRITON_INTERPRET=1 to interpret the kernels on the CPU")
+    pytest.importorskip("triton")
+    from zonos_accel.triton import vocoder
+
+    return vocoder, torch.device("cuda" if request.param == "cuda" else "cpu")
+
+
+def _interpreter_limits(device: torch.device, dtype: torch.dtype, tanh: bool = False) -> None:
+    if device.type == "cpu" and dtype == torch.bfloat16:
+        pytest.skip("Triton's interpreter computes bf16 wrongly (numpy has no bf16)")
+    if device.type == "cpu" and tanh:
+        pytest.skip("Triton's interpreter has no libdevice (tanh)")
+
+
+def _poison(device: torch.device) -> None:
+    """Fill the CUDA caching allocator's free memory with NaN, so an output sample the kernel never writes
+    (its ``torch.empty`` reuses that memory) shows up as NaN."""
+    if device.type == "cuda":
+        junk = torch.full((64 << 20,), float("nan"), device=device)
+        del junk
+
+
+def _randn(*shape, device, dtype, seed, scale=1.0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(*shape, generator=g) * scale).to(device=device, dtype=dtype)
+
+
+def _conv_inputs(c_in, c_out, k, t, h, device, dtype, seed, residual=False):
+    x = _randn(2, c_in, t, device=device, dtype=dtype, seed=seed)
+    hist = _randn(2, c_in, h, device=device, dtype=dtype, seed=seed + 1) if h else None
+    w = _randn(c_out, c_in, k, device=device, dtype=torch.float32, seed=seed + 2, scale=(c_in * k) ** -0.5)
+    b = _randn(c_out, device=device, dtype=torch.float32, seed=seed + 3, scale=0.1)
+    return x, hist, w, b
+
+
+def _within_torch_error(ours, ref_same_dtype, ref64):
+    """Ours is as close to the float64 result as torch's conv in the same dtype is (rounding of the output
+    and of the residual sum allowed: two units in the last place of the values)."""
+    assert ours.shape == ref64.shape and ours.dtype == ref_same_dtype.dtype
+    assert not ours.isnan().any()
+    eps = torch.finfo(ours.dtype).eps
+    ours_err = (ours.double().cpu() - ref64.cpu()).abs().max().item()
+    torch_err = (ref_same_dtype.double().cpu() - ref64.cpu()).abs().max().item()
+    scale = ref64.abs().max().item()
+    assert ours_err <= 2 * torch_err + 4 * eps * scale, (ours_err, torch_err)
+
+
+CONVS = [
+    # (c_in, c_out, k, dilation, padding, t, history, residual, tanh)
+    (37, 19, 7, 3, 9, 41, 0, False, False),  # ragged channels, "same" padding
+    (24, 24, 7, 9, 0, 9, 54, False, False),  # a stream window: history, no padding
+    (24, 24, 1, 1, 0, 33, 0, True, False),  # kernel 1 with the residual
+    (72, 40, 1, 1, 0, 17, 0, False, False),  # the codebooks' projection
+    (24, 1, 7, 1, 3, 29, 0, False, True),  # the last conv: one channel, tanh
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("case", CONVS, ids=str)
+def test_conv_matches_reference(target, case, dtype):
+    fast, device = target
+    c_in, c_out, k, d, p, t, h, use_res, tanh = case
+    _interpreter_limits(device, dtype, tanh)
+    x, hist, w, b = _conv_inputs(c_in, c_out, k, t, h, device, dtype, seed=c_in + t)
+    n_out = h + t + 2 * p - (k - 1) * d
+    kwargs = dict(history=hist, dilation=d, padding=p, tanh=tanh)
+    if use_res:  # the residual read from a [history | new] pair at an offset, as the streaming unit does
+        res_h = _randn(2, c_out, 5, device=device, dtype=dtype, seed=7)
+        res_x = _randn(2, c_out, n_out - 2, device=device, dtype=dtype, seed=8)
+        kwargs.update(residual=res_x, residual_history=res_h, residual_offset=3)
+    _poison(device)
+    ours = fast.conv1d(x, w, b, **kwargs, dtype=dtype)
+    ref = reference.conv1d(x, w, b, **kwargs, dtype=dtype)
+    d64 = {key: (v.double() if isinstance(v, torch.Tensor) else v) for key, v in kwargs.items()}
+    ref64 = reference.conv1d(x.double(), w.double(), b.double(), **d64, dtype=torch.float64)
+    assert ours.shape == (2, c_out, n_out)
+    _within_torch_error(ours, ref, ref64)
+
+
+TRANSPOSED = [
+    # (c_in, c_out, k, stride, t, history, start, length)
+    (40, 24, 16, 8, 5, 0, 4, None),  # nn.ConvTranspose1d(k 16, s 8, p 4): length (t - 1) 8 + 16 - 8
+    (19, 13, 8, 4, 7, 1, 6, 17),  # a stream window: one history input, a ragged crop
+    (24, 12, 4, 2, 9, 0, 1, 16),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("case", TRANSPOSED, ids=str)
+def test_transposed_conv_matches_reference(target, case, dtype):
+    fast, device = target
+    c_in, c_out, k, s, t, h, start, length = case
+    _interpreter_limits(device, dtype)
+    x, hist, w, b = _conv_inputs(c_in, c_out, k, t, h, device, dtype, seed=c_in + k)
+    w = w.reshape(c_in, c_out, k)  # [C_in, C_out, K]
+    if length is None:
+        length = (h + t - 1) * s + k - 2 * start
+    kwargs = dict(stride=s, history=hist, start=start, length=length)
+    _poison(device)
+    ours = fast.conv_transpose1d(x, w, b, **kwargs, dtype=dtype)
+    ref = reference.conv_transpose1d(x, w, b, **kwargs, dtype=dtype)
+    d64 = {key: (v.double() if isinstance(v, torch.Tensor) else v) for key, v in kwargs.items()}
+    ref64 = reference.conv_transpose1d(x.double(), w.double(), b.double(), **d64, dtype=torch.float64)
+    assert ours.shape == (2, c_out, length)
+    _within_torch_error(ours, ref, ref64)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_windows_equal_the_one_shot_call_bit_for_bit(target, dtype):
+    """What makes a 16-bit stream exact: conv and transposed conv samples computed from a ``[history | new]``
+    window (and a residual read from one) equal the one-shot call's, wherever the window lies."""
+    fast, device = target
+    _interpreter_limits(device, dtype)
+    c, k, d = 48, 7, 3
+    p = 3 * d
+    x, _, w, b = _conv_inputs(c, c, k, 70, 0, device, dtype, seed=11)
+    full = fast.conv1d(x, w, b, dilation=d, padding=p, dtype=dtype)
+    w1 = _randn(c, c, 1, device=device, dtype=torch.float32, seed=12, scale=c**-0.5)
+    unit = fast.conv1d(full, w1, b, residual=x, dtype=dtype)
+    padded = torch.nn.functional.pad(x, (p, p))
+    for lo, hi in [(0, 19), (19, 20), (20, 45), (45, 70 + 2 * p)]:  # pushes of 19, 1, 25 samples, then the flush
+        start = max(lo - 6 * d, 0)
+        window = fast.conv1d(padded[..., lo:hi], w, b, history=padded[..., start:lo], dilation=d, dtype=dtype)
+        first = start  # output index of the window's first sample
+        assert torch.equal(window, full[..., first : first + window.shape[-1]])
+        y = fast.conv1d(
+            window, w1, b, residual=padded[..., lo:hi], residual_history=padded[..., start:lo],
+            residual_offset=p, dtype=dtype,
+        )  # fmt: skip
+        assert torch.equal(y, unit[..., first : first + y.shape[-1]])
+    # The transposed conv: 1 history input, outputs from the new inputs' first on.
+    wt = _randn(c, 24, 16, device=device, dtype=torch.float32, seed=13, scale=(c * 2) ** -0.5)
+    up = fast.conv_transpose1d(x, wt, b[:24], stride=8, dtype=dtype)  # uncropped
+    for lo, hi in [(1, 2), (2, 9), (9, 40)]:
+        part = fast.conv_transpose1d(
+            x[..., lo:hi], wt, b[:24], stride=8, history=x[..., lo - 1 : lo], start=8,
+            length=8 * (hi - lo), dtype=dtype,
+        )  # fmt: skip
+        assert torch.equal(part, up[..., 8 * lo : 8 * hi])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+def test_sequence_tail_in_place_and_growing(target, dtype):
+    fast, device = target
+    for h, n, keep in [(54, 8, 54), (54, 80, 54), (27, 8, 35), (1, 3, 1), (6, 0, 6)]:
+        hist = _randn(2, 37, h, device=device, dtype=dtype, seed=h + n)
+        x = _randn(2, 37, n, device=device, dtype=dtype, seed=h + n + 1)
+        expected = torch.cat([hist, x], -1)[..., -keep:].clone()
+        if keep == h:  # in place: the kernel overwrites the history it reads
+            out = fast.sequence_tail(hist, x, keep, out=hist)
+            assert out is hist
+        else:
+            _poison(device)
+            out = fast.sequence_tail(hist, x, keep)
+        assert torch.equal(out, expected)
+
+
+def test_float64_and_bad_arguments_take_the_reference_or_raise(target):
+    fast, device = target
+    x, hist, w, b = _conv_inputs(8, 8, 7, 12, 3, device, torch.float64, seed=3)
+    assert torch.equal(
+        fast.conv1d(x, w.double(), b.double(), history=hist),
+        reference.conv1d(x, w.double(), b.double(), history=hist),
+    )
+    x32 = x.float()
+    with pytest.raises(ValueError, match="does not continue"):
+        fast.conv1d(x32, w, b, history=hist)  # a float64 history for a float32 x
+    with pytest.raises(ValueError, match="too few"):
+        fast.conv1d(x32[..., :3], w, b, dilation=3)
+    with pytest.raises(ValueError, match="residual"):
+        fast.conv1d(x32, w, b, residual=x32[..., :2])
+    with pytest.raises(ValueError, match="outside"):
+        fast.conv_transpose1d(x32, w.reshape(8, 8, 7), b, stride=4, start=0, length=1000)
+    with pytest.raises(ValueError, match="cannot keep"):
+        fast.sequence_tail(x32, x32, 100)
+    for fn in (reference.conv1d, fast.conv1d):
+        with pytest.raises(ValueError, match="residual"):
+            fn(x32, w, b, padding=3, residual=x32, residual_offset=2)
+
+
+# -- the whole decoder on the GPU ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def real_size_codec():
+    if INTERPRET or not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device (and TRITON_INTERPRET unset)")
+    from zonos.codec import DACAutoencoder, DACConfig
+    from zonos_accel.triton import disable_triton_ops, enable_triton_ops
+
+    torch.manual_seed(0)
+    codec = DACAutoencoder(DACConfig(), device="cuda")  # real size, random weights
+    enable_triton_ops(("conv1d", "conv_transpose1d", "sequence_tail"))
+    yield codec
+    disable_triton_ops()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fp16", [True, False], ids=["fp16", "fp32"])
+@pytest.mark.parametrize(
+    "schedule", [[1] * 24, [11] + [2] * 6 + [1], [3, 7, 1, 13], [24]], ids=["ones", "11_then_2s", "odd", "all"]
+)
+def test_stream_equals_one_shot_bit_for_bit(real_size_codec, fp16, schedule):
+    """With the kernels, a stream's samples are the one-shot decode's, bit for bit, in fp16 as in fp32: every
+    layer's sums are the same whatever the push sizes.  Three streams per schedule: the eager pushes, the
+    captures and the CUDA-graph replays."""
+    from zonos.codec import StreamingDACDecoder
+    from zonos.codec.autoencoder import decode_precision
+
+    codec = real_size_codec
+    codes = torch.randint(0, 1024, (1, 9, 24), generator=torch.Generator().manual_seed(len(schedule))).cuda()
+    with torch.no_grad(), decode_precision(codes.device, fp16):
+        one_shot = codec.dac.decode(codes).float()
+    dec = StreamingDACDecoder(codec, fp16_autocast=fp16)
+    for _ in range(3):
+        dec.reset()
+        outs, n = [], 0
+        for size in schedule:
+            outs.append(dec.push(codes[..., n : n + size]))
+            n += size
+        outs.append(dec.flush())
+        audio = torch.cat(outs, -1)
+        assert audio.shape == one_shot.shape and not audio.isnan().any()
+        assert torch.equal(audio, one_shot), f"{int((audio != one_shot).sum())} samples differ"
+    assert dec.graph_replays > 0

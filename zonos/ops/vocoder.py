@@ -1,0 +1,105 @@
+"""The DAC decoder's convolutions as single ops: a conv or transposed conv with bias, an optional residual add
+and an optional tanh, over an input that may continue a stream (``[history | x]``).  (Snake runs before them,
+once per sample, as :func:`zonos.ops.snake`.)
+
+The one-shot decoder (:class:`zonos.codec.dac.Decoder`) and the streaming decoder
+(:mod:`zonos.codec.streaming`) make the same calls, so a fast path whose summation order depends only on
+the layer, never on the input length or the position of an output in it, makes the stream equal to the
+one-shot decode bit for bit, in 16 bits too.
+
+Numerics (the reference here, and every fast path): input, weight and bias are rounded to ``dtype``; the conv
+sums in ``dtype`` (fp32 accumulation for 16-bit dtypes) and its output, bias included, is rounded to
+``dtype``; the residual is added and rounded to ``dtype`` again, then tanh.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def _sequence(history: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
+    if history is None:
+        return x
+    if history.dtype != x.dtype or history.shape[:2] != x.shape[:2]:
+        raise ValueError(
+            f"history {tuple(history.shape)} {history.dtype} does not continue x {tuple(x.shape)} {x.dtype}"
+        )
+    return torch.cat([history, x], dim=-1)
+
+
+def conv1d(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    history: torch.Tensor | None = None,
+    dilation: int = 1,
+    padding: int = 0,
+    residual: torch.Tensor | None = None,
+    residual_history: torch.Tensor | None = None,
+    residual_offset: int = 0,
+    tanh: bool = False,
+    dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """``conv1d(pad([history | x]), weight, bias, dilation)`` ``+ residual`` then ``tanh``, in ``dtype``.
+
+    ``x`` ``[B, C_in, T]``, ``history`` ``[B, C_in, H]`` (the inputs before ``x``; None: none),
+    ``weight`` ``[C_out, C_in, K]``, ``padding`` zeros on both sides.  The output has
+    ``H + T + 2 padding - (K - 1) dilation`` samples.  ``residual``: output sample ``t`` adds sample
+    ``residual_offset + t`` of ``[residual_history | residual]``.  ``dtype`` defaults to ``weight``'s
+    promoted with ``x``'s.
+    """
+    dtype = dtype or torch.promote_types(x.dtype, weight.dtype)
+    u = _sequence(history, x).to(dtype)
+    if padding:
+        u = F.pad(u, (padding, padding))
+    y = F.conv1d(u, weight.to(dtype), None if bias is None else bias.to(dtype), dilation=dilation)
+    if residual is not None:
+        res = _sequence(residual_history, residual)[..., residual_offset : residual_offset + y.shape[-1]]
+        if res.shape[-1] != y.shape[-1]:
+            n = res.shape[-1]
+            raise ValueError(f"the residual has {n} samples from offset {residual_offset}, not {y.shape[-1]}")
+        y = (y + res).to(dtype)
+    return torch.tanh(y) if tanh else y
+
+
+def conv_transpose1d(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    stride: int,
+    history: torch.Tensor | None = None,
+    start: int = 0,
+    length: int | None = None,
+    dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """Samples ``start .. start + length - 1`` of ``conv_transpose1d([history | x], weight, bias, stride)``.
+
+    ``weight`` ``[C_in, C_out, K]``; the uncropped output of ``L`` inputs has ``(L - 1) stride + K`` samples
+    (``length`` defaults to the rest of them; ``nn.ConvTranspose1d`` with padding ``p`` is ``start = p``,
+    ``length = (L - 1) stride + K - 2 p``).  Other arguments as :func:`conv1d`.
+    """
+    dtype = dtype or torch.promote_types(x.dtype, weight.dtype)
+    u = _sequence(history, x).to(dtype)
+    full = (u.shape[-1] - 1) * stride + weight.shape[-1]
+    length = full - start if length is None else length
+    if start < 0 or length < 0 or start + length > full:
+        raise ValueError(f"samples {start}..{start + length - 1} lie outside the {full} of the transposed conv")
+    y = F.conv_transpose1d(u, weight.to(dtype), None if bias is None else bias.to(dtype), stride=stride)
+    return y[..., start : start + length]
+
+
+def sequence_tail(
+    history: torch.Tensor, x: torch.Tensor, length: int, *, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The last ``length`` samples of ``[history | x]`` (a stream layer's next history), written into ``out``
+    if given (which may be ``history`` itself)."""
+    seq = _sequence(history, x)
+    if not 0 <= length <= seq.shape[-1]:
+        raise ValueError(f"cannot keep {length} of {seq.shape[-1]} samples")
+    tail = seq[..., seq.shape[-1] - length :]
+    if out is None:
+        return tail.clone()
+    return out.copy_(tail)

@@ -228,9 +228,7 @@ def real_size_codec():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("fp16", [True, False], ids=["fp16", "fp32"])
-@pytest.mark.parametrize(
-    "schedule", [[1] * 24, [11] + [2] * 6 + [1], [3, 7, 1, 13], [24]], ids=["ones", "11_then_2s", "odd", "all"]
-)
+@pytest.mark.parametrize("schedule", [[1] * 24, [3, 7, 1, 13]], ids=["ones", "odd"])
 def test_stream_equals_one_shot_bit_for_bit(real_size_codec, fp16, schedule):
     """With the kernels, a stream's samples are the one-shot decode's, bit for bit, in fp16 as in fp32: every
     layer's sums are the same whatever the push sizes.  Three streams per schedule: the eager pushes, the

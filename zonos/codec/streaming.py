@@ -26,25 +26,25 @@ kernel ``2s`` and padding ``p`` maps output ``t`` to inputs ``floor((t + p) / s)
 then each block's transposed conv and the residual units at its input rate, and the first conv's 3
 frames: ``3 + 39 + 1 + 2*39 + 2*2 + 8*39 + 8*4 + 64*39 + 64*4 + 512*3 = 4757``.
 
-Cost: the convolutions do the one-shot decoder's multiply-accumulates, whatever the chunk sizes,
-plus one input sample per transposed-conv call (its history, recomputed so that every output is a
-single conv sum as in the one-shot decode: ~3% more work at 1-frame pushes; a test counts them).  The
-state is each conv's last ``(k - 1) d`` input samples, each transposed conv's last input and each
-residual unit's not-yet-matched inputs.  Each Snake runs inside the stage of the conv it feeds and
-writes its output in the conv's dtype, straight into the conv's ``[history | new]`` input buffer (no
-autocast cast, no cat).  What small chunks add is per-call overhead: on CUDA the pushes are replayed
-from CUDA graphs (see :class:`StreamingDACDecoder`), and a steady push is still ~270 kernels,
-~1.2-1.5 ms of GPU time on an H200 whatever its size (the one-shot decode costs ~0.03 ms per frame;
-``benchmarks/streaming.py`` and docs/BENCHMARKS.md have the tables).  A third of that is cuDNN's
-NCHW/NHWC layout transforms.
+Calls: each layer makes the one-shot decoder's :mod:`zonos.ops` calls on ``[history | new]`` windows: a
+``snake`` per Snake (once per sample, in the conv's dtype), a ``conv1d`` or ``conv_transpose1d`` per conv
+(bias, the residual add and the final tanh inside it) and a ``sequence_tail`` per history: ~90 launches per
+steady push (one each on the Triton path).
+
+Cost: the convolutions do the one-shot decoder's multiply-accumulates, whatever the chunk sizes, plus one
+input sample per transposed-conv call (its history, recomputed so that every output is a single conv sum as
+in the one-shot decode: ~3% more work at 1-frame pushes; a test counts them).  The state is each conv's last
+``(k - 1) d`` inputs (Snake's outputs), each transposed conv's last input and each residual unit's raw
+inputs whose output is not final yet.  What small chunks add is per-call cost: on CUDA the pushes are
+replayed from CUDA graphs (see :class:`StreamingDACDecoder`), and a steady push still takes ~1.6 ms of GPU
+time on an H200 at 1 frame, ~0.8 ms at 2 (``benchmarks/streaming.py``, docs/BENCHMARKS.md).
 
 Exactness: every output sample is computed by the same sums of the same products as in the one-shot
 decode, so the stream equals it exactly wherever each conv kernel's summation order does not depend on
-the length of its input.  It matches at 118 dB in fp32 (TF32 off; graphs bit for bit equal to the
-eager pushes).  In 16 bits, where every conv output is rounded, what is left is the convolution
-backends' choice of algorithm by input length: on the CPU a tiny DAC streams bit for bit equal under
-fp16 and bf16 autocast, the real-size one in fp16 for most schedules; measured on an H200 before the
-transposed convs kept their history (they added partial sums of two calls): 56.6 dB under fp16.
+the length of its input.  Our Triton convs (:mod:`zonos_accel.triton.vocoder`, on with the fast ops) fix
+that order per layer: on an H200 the fp16 stream equals the one-shot decode bit for bit at every push size
+(cuDNN's stream was 56.6 dB from it: cuDNN picks its algorithm by length).  The torch reference matches at
+118 dB in fp32 (TF32 off) and bit for bit on the CPU wherever oneDNN's order does not depend on length.
 """
 
 from __future__ import annotations

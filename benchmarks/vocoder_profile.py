@@ -1,0 +1,120 @@
+"""Where a streaming vocoder push spends its GPU time: torch.profiler over steady pushes of the real-size DAC
+44.1 kHz decoder (random weights, fp16 autocast, CUDA-graph replays as in generate), kernels grouped by what
+they do, in µs per push; and the one-shot decode of the same frames for comparison.
+
+    python3 benchmarks/vocoder_profile.py [--chunks 1,2,8,32] [--pushes 20] [--ops triton,torch]
+
+``--ops torch`` runs the decoder's convs on cuDNN (Snake stays the Triton kernel).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from collections import defaultdict
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+import zonos.ops
+from benchmarks.common import table
+from zonos.codec.autoencoder import DACAutoencoder
+from zonos.codec.dac import DACConfig
+from zonos.codec.streaming import StreamingDACDecoder
+from zonos.ops import vocoder as vocoder_reference
+from zonos_accel.triton import enable_triton_ops
+
+LAYER_OPS = ("conv1d", "conv_transpose1d", "sequence_tail")
+GROUPS = [  # first match wins
+    ("conv (ours)", r"_conv_kernel"),
+    ("transposed conv (ours)", r"_conv_transpose_kernel"),
+    ("history update (ours)", r"_tail_kernel"),
+    ("Snake (ours)", r"_snake_kernel"),
+    ("cuDNN conv", r"cudnn|conv|Conv|implicit|sm90_xmma|xmma|cutlass|nchw|nhwc|NHWC|NCHW"),
+    ("copies / cat / index", r"copy|Copy|cat|Cat|index|Index|gather|embedding|fill"),
+    ("elementwise", r"elementwise|vectorized|unrolled|Elementwise|tanh"),
+]
+
+
+def group_of(name: str) -> str:
+    return next((label for label, pattern in GROUPS if re.search(pattern, name)), "other")
+
+
+def gpu_events(fn) -> list:
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+
+
+def summarize(events: list, per: int) -> dict[str, tuple[float, float]]:
+    """group -> (kernels, µs) per push."""
+    acc: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+    for e in events:
+        g = group_of(e.name)
+        acc[g][0] += 1
+        acc[g][1] += e.device_time_total
+    return {g: (n / per, us / per) for g, (n, us) in acc.items()}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--chunks", default="1,2,8,32", help="push sizes in frames, comma-separated")
+    p.add_argument("--pushes", type=int, default=20, help="steady pushes profiled per size")
+    p.add_argument("--ops", default="triton", choices=["triton", "torch"], help="the decoder convs' implementation")
+    args = p.parse_args()
+
+    torch.manual_seed(0)
+    codec = DACAutoencoder(DACConfig(), device="cuda")
+    enable_triton_ops()
+    if args.ops == "torch":
+        for name in LAYER_OPS:
+            setattr(zonos.ops, name, getattr(vocoder_reference, name))
+    rows = []
+    for chunk in map(int, args.chunks.split(",")):
+        warm = (-(-16 // chunk) + 2) * chunk  # past the first audio (10 frames), then the steady push twice
+        codes = torch.randint(0, 1024, (1, 9, warm + args.pushes * chunk), device="cuda")
+        dec = StreamingDACDecoder(codec)
+        for s in range(0, warm, chunk):
+            dec.push(codes[..., s : s + chunk])
+
+        def pushes(dec=dec, codes=codes, chunk=chunk, warm=warm):
+            for i in range(args.pushes):
+                s = warm + i * chunk
+                dec.push(codes[..., s : s + chunk])
+
+        one_shot = codes[..., : args.pushes * chunk]
+        codec.decode(one_shot)
+        groups = summarize(gpu_events(pushes), args.pushes)
+        frames = args.pushes * chunk
+        shot = summarize(gpu_events(lambda one_shot=one_shot: codec.decode(one_shot)), 1)
+        for label in sorted(set(groups) | set(shot), key=lambda g: -groups.get(g, (0, 0))[1]):
+            n, us = groups.get(label, (0, 0.0))
+            rows.append(
+                {
+                    "push frames": chunk,
+                    "group": label,
+                    "kernels per push": n,
+                    "µs per push": us,
+                    "µs per frame": us / chunk,
+                    "one-shot µs per frame": shot.get(label, (0, 0.0))[1] / frames,
+                }
+            )
+        total = sum(us for _, us in groups.values())
+        shot_total = sum(us for _, us in shot.values())
+        rows.append(
+            {
+                "push frames": chunk,
+                "group": "total",
+                "kernels per push": sum(n for n, _ in groups.values()),
+                "µs per push": total,
+                "µs per frame": total / chunk,
+                "one-shot µs per frame": shot_total / frames,
+            }
+        )
+    print(table(rows, f"Streaming vocoder push, GPU time by kernel group ({args.ops} convs, fp16, graph replays)"))
+    print(f"\n{torch.cuda.get_device_name()}, torch {torch.__version__}")
+
+
+if __name__ == "__main__":
+    main()

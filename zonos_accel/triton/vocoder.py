@@ -30,6 +30,7 @@ REDUCE = 64  # reduction elements (input channels × padded taps) per tensor-cor
 @triton.jit
 def _load_sequence(h_ptr, x_ptr, H, n, b, c, c_ok, pos, s_hb, s_hc, s_ht, s_xb, s_xc, s_xt):
     """Samples ``pos`` of channels ``c`` of ``[history | x]`` in fp32; zeros outside ``0 .. H + n - 1``."""
+    c = c.to(tl.int64)  # a long decode's (C, T) plane can pass 2**31 elements
     in_h = (pos >= 0) & (pos < H)
     in_x = (pos >= H) & (pos < H + n)
     vh = tl.load(h_ptr + b * s_hb + c * s_hc + pos * s_ht, mask=c_ok & in_h, other=0.0)
@@ -83,7 +84,7 @@ def _conv_kernel(
     if TANH:
         y = libdevice.tanh(y.to(tl.float32)).to(COMPUTE)
     mask = co_ok[:, None] & (t < n_out)[None, :]
-    tl.store(out_ptr + b * s_ob + co[:, None] * s_oc + t[None, :] * s_ot, y, mask=mask)
+    tl.store(out_ptr + b * s_ob + co[:, None].to(tl.int64) * s_oc + t[None, :] * s_ot, y, mask=mask)
 
 
 @triton.jit
@@ -118,7 +119,7 @@ def _conv_transpose_kernel(
     y = _epilogue(acc, b_ptr, s_b, co, co_ok, HAS_BIAS, COMPUTE)
     t = q * stride + phase - start
     mask = co_ok[:, None] & ((qi < n_q) & (t >= 0) & (t < length))[None, :]
-    tl.store(out_ptr + b * s_ob + co[:, None] * s_oc + t[None, :] * s_ot, y, mask=mask)
+    tl.store(out_ptr + b * s_ob + co[:, None].to(tl.int64) * s_oc + t[None, :] * s_ot, y, mask=mask)
 
 
 @triton.jit
@@ -136,7 +137,8 @@ def _tail_kernel(
     # out may be the history itself: each program owns whole rows, so every read of its rows comes first.
     tl.debug_barrier()
     mask = c_ok[:, None] & (i < length)[None, :]
-    tl.store(out_ptr + b * s_ob + c[:, None] * s_oc + i[None, :] * s_ot, v.to(out_ptr.dtype.element_ty), mask=mask)
+    out_ptr += b * s_ob + c[:, None].to(tl.int64) * s_oc + i[None, :] * s_ot
+    tl.store(out_ptr, v.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 # -- wrappers ------------------------------------------------------------------------------------------

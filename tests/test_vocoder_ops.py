@@ -93,8 +93,10 @@ def test_conv_matches_reference(target, case, dtype):
     c_in, c_out, k, d, p, t, h, use_res, tanh = case
     _interpreter_limits(device, dtype, tanh)
     x, hist, w, b = _conv_inputs(c_in, c_out, k, t, h, device, dtype, seed=c_in + t)
+    if hist is not None:  # a stream window [history | new], as a view into a longer buffer
+        x = torch.cat([hist, x, x[..., :3]], -1)[..., : h + t]
     n_out = h + t + 2 * p - (k - 1) * d
-    kwargs = dict(history=hist, dilation=d, padding=p, tanh=tanh)
+    kwargs = dict(dilation=d, padding=p, tanh=tanh)
     if use_res:  # the residual read from a [history | new] pair at an offset, as the streaming unit does
         res_h = _randn(2, c_out, 5, device=device, dtype=dtype, seed=7)
         res_x = _randn(2, c_out, n_out - 2, device=device, dtype=dtype, seed=8)
@@ -123,10 +125,12 @@ def test_transposed_conv_matches_reference(target, case, dtype):
     c_in, c_out, k, s, t, h, start, length = case
     _interpreter_limits(device, dtype)
     x, hist, w, b = _conv_inputs(c_in, c_out, k, t, h, device, dtype, seed=c_in + k)
+    if hist is not None:
+        x = torch.cat([hist, x], -1)
     w = w.reshape(c_in, c_out, k)  # [C_in, C_out, K]
     if length is None:
         length = (h + t - 1) * s + k - 2 * start
-    kwargs = dict(stride=s, history=hist, start=start, length=length)
+    kwargs = dict(stride=s, start=start, length=length)
     _poison(device)
     ours = fast.conv_transpose1d(x, w, b, **kwargs, dtype=dtype)
     ref = reference.conv_transpose1d(x, w, b, **kwargs, dtype=dtype)
@@ -138,8 +142,9 @@ def test_transposed_conv_matches_reference(target, case, dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_windows_equal_the_one_shot_call_bit_for_bit(target, dtype):
-    """What makes a 16-bit stream exact: conv and transposed conv samples computed from a ``[history | new]``
-    window (and a residual read from one) equal the one-shot call's, wherever the window lies."""
+    """What makes a 16-bit stream exact: conv and transposed conv samples computed over a ``[history | new]``
+    window (and a residual read from a ``[pending | new]`` pair) equal the one-shot call's, wherever the window
+    lies."""
     fast, device = target
     _interpreter_limits(device, dtype)
     c, k, d = 48, 7, 3
@@ -151,7 +156,7 @@ def test_windows_equal_the_one_shot_call_bit_for_bit(target, dtype):
     padded = torch.nn.functional.pad(x, (p, p))
     for lo, hi in [(0, 19), (19, 20), (20, 45), (45, 70 + 2 * p)]:  # pushes of 19, 1, 25 samples, then the flush
         start = max(lo - 6 * d, 0)
-        window = fast.conv1d(padded[..., lo:hi], w, b, history=padded[..., start:lo], dilation=d, dtype=dtype)
+        window = fast.conv1d(padded[..., start:hi], w, b, dilation=d, dtype=dtype)
         first = start  # output index of the window's first sample
         assert torch.equal(window, full[..., first : first + window.shape[-1]])
         y = fast.conv1d(
@@ -164,22 +169,23 @@ def test_windows_equal_the_one_shot_call_bit_for_bit(target, dtype):
     up = fast.conv_transpose1d(x, wt, b[:24], stride=8, dtype=dtype)  # uncropped
     for lo, hi in [(1, 2), (2, 9), (9, 40)]:
         part = fast.conv_transpose1d(
-            x[..., lo:hi], wt, b[:24], stride=8, history=x[..., lo - 1 : lo], start=8,
-            length=8 * (hi - lo), dtype=dtype,
-        )  # fmt: skip
+            x[..., lo - 1 : hi], wt, b[:24], stride=8, start=8, length=8 * (hi - lo), dtype=dtype
+        )
         assert torch.equal(part, up[..., 8 * lo : 8 * hi])
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
 def test_sequence_tail_in_place_and_growing(target, dtype):
     fast, device = target
-    for h, n, keep in [(54, 8, 54), (54, 80, 54), (27, 8, 35), (1, 3, 1), (6, 0, 6)]:
+    for h, n, keep in [(54, 8, 54), (54, 80, 54), (27, 8, 35), (1, 3, 1), (6, 0, 6), (62, 0, 54), (60, 0, 54)]:
         hist = _randn(2, 37, h, device=device, dtype=dtype, seed=h + n)
         x = _randn(2, 37, n, device=device, dtype=dtype, seed=h + n + 1)
         expected = torch.cat([hist, x], -1)[..., -keep:].clone()
         if keep == h:  # in place: the kernel overwrites the history it reads
             out = fast.sequence_tail(hist, x, keep, out=hist)
             assert out is hist
+        elif n == 0:  # a window's history shifted to its front, within one buffer
+            out = fast.sequence_tail(hist, x, keep, out=hist[..., :keep])
         else:
             _poison(device)
             out = fast.sequence_tail(hist, x, keep)
@@ -189,13 +195,12 @@ def test_sequence_tail_in_place_and_growing(target, dtype):
 def test_float64_and_bad_arguments_take_the_reference_or_raise(target):
     fast, device = target
     x, hist, w, b = _conv_inputs(8, 8, 7, 12, 3, device, torch.float64, seed=3)
-    assert torch.equal(
-        fast.conv1d(x, w.double(), b.double(), history=hist),
-        reference.conv1d(x, w.double(), b.double(), history=hist),
-    )
+    assert torch.equal(fast.conv1d(x, w.double(), b.double()), reference.conv1d(x, w.double(), b.double()))
     x32 = x.float()
     with pytest.raises(ValueError, match="does not continue"):
-        fast.conv1d(x32, w, b, history=hist)  # a float64 history for a float32 x
+        fast.conv1d(x32, w, b, residual=x32[..., :6], residual_history=hist)  # a float64 history, float32 x
+    with pytest.raises(ValueError, match="does not continue"):
+        fast.sequence_tail(hist, x32, 4)
     with pytest.raises(ValueError, match="too few"):
         fast.conv1d(x32[..., :3], w, b, dilation=3)
     with pytest.raises(ValueError, match="residual"):

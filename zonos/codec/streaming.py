@@ -120,7 +120,7 @@ class _Stage:
     samples pushed so far, and stop changing once the stage has emitted output (it is ``steady``).
     With ``static`` set (the decoder sets it on CUDA, for its CUDA graphs), every state tensor is
     kept in a buffer of this stage that is reused for every state of the same shape, updated in
-    place by :meth:`_keep`: a push then reads and writes the same addresses as every earlier push
+    place (:meth:`_empty`): a push then reads and writes the same addresses as every earlier push
     from the same point of a stream, and a CUDA graph captured from one replays the others.
     """
 
@@ -153,114 +153,129 @@ class _Stage:
         """This stage and the stages inside it."""
         yield self
 
-    def _tail(self, history: Tensor, x: Tensor, length: int) -> Tensor:
-        """The last ``length`` samples of ``[history | x]``: the stage's next history.  With ``static`` set it
-        is written into this stage's buffer for that shape (in place once the history has its final length)."""
+    def _empty(self, shape: tuple[int, ...], like: Tensor) -> Tensor:
+        """A new state tensor, or with ``static`` set this stage's buffer for that shape (the same one every
+        time, so that pushes from the same point of a stream touch the same addresses)."""
         if not self.static:
-            return ops.sequence_tail(history, x, length)
-        key = ((*history.shape[:2], length), history.dtype, history.device)
+            return like.new_empty(shape)
+        key = (shape, like.dtype, like.device)
         buf = self._buffers.get(key)
         if buf is None:
-            if history.is_cuda and torch.cuda.is_current_stream_capturing():
+            if like.is_cuda and torch.cuda.is_current_stream_capturing():
                 raise RuntimeError("streaming state would be allocated inside a CUDA graph capture")
-            buf = self._buffers[key] = torch.empty(key[0], dtype=history.dtype, device=history.device)
-        return ops.sequence_tail(history, x, length, out=buf)
+            buf = self._buffers[key] = like.new_empty(shape)
+        return buf
+
+    def _tail(self, history: Tensor, x: Tensor, length: int) -> Tensor:
+        """The last ``length`` samples of ``[history | x]``: the stage's next state (in place once it has its
+        final length, with ``static`` set)."""
+        return ops.sequence_tail(history, x, length, out=self._empty((*history.shape[:2], length), history))
 
 
 def _weights(conv: nn.Module, params: _Params) -> tuple[Tensor, Tensor | None]:
     return params(conv.weight), params(conv.bias)
 
 
-def _activate(snake: Snake1d | None, x: Tensor, weight: Tensor) -> Tensor:
-    """The input of a conv by ``weight`` that ``snake`` feeds (``x`` without one), in the conv's dtype: the
-    one-shot decoder's ``ops.snake`` call."""
-    dtype = conv_dtype(x, weight)
-    return x.to(dtype) if snake is None else ops.snake(x, snake.alpha, dtype)
+class _Windowed(_Stage):
+    """A stage whose conv reads ``[history | new]`` windows of its input (Snake's outputs where Snake feeds it).
 
-
-class _Conv(_Stage):
-    """A stride-1 ``nn.Conv1d`` with zero padding ``p`` on both sides, after an optional Snake, with an optional
-    tanh after it.
-
-    Keeps the last ``(k - 1) * d`` conv input samples (Snake's outputs, when there is one); the initial history
-    is the ``p`` zeros of the left padding, and flush pushes the right padding's (Snake maps zero to zero).
+    The state ``window`` is the last window (initially the left padding's zeros); its last ``context`` samples
+    (fewer at the start of a stream) are the next window's history.  A push of ``n`` samples shifts them to the
+    front of an ``history + n`` window (in place when it is the same buffer: every steady push of a size)
+    and has Snake write the new samples behind them, in the conv's dtype: the conv reads one tensor.
     """
 
-    state_attrs = ("history",)
+    state_attrs = ("window",)
+    context = 0  # history samples a window keeps
+    initial = 0  # zeros before the first input
+
+    def __init__(self, conv: nn.Module, params: _Params, snake: Snake1d | None) -> None:
+        super().__init__()
+        self.conv, self.params, self.snake = conv, params, snake
+
+    def reset(self) -> None:
+        super().reset()
+        self.window: Tensor | None = None
+
+    @property
+    def steady(self) -> bool:
+        return self.window is not None and self.window.shape[-1] >= self.context
+
+    def _next_window(self, x: Tensor) -> Tensor:
+        """The window of ``x``'s samples: the kept history, then Snake's outputs (or ``x``, cast)."""
+        dtype = conv_dtype(x, self.conv.weight)
+        last = self.window
+        if last is None:
+            last = x.new_zeros(*x.shape[:2], self.initial, dtype=dtype)
+        kept = min(last.shape[-1], self.context)
+        window = self._empty((*x.shape[:2], kept + x.shape[-1]), last)
+        ops.sequence_tail(last, last[..., :0], kept, out=window[..., :kept])
+        if self.snake is None:
+            window[..., kept:].copy_(x)
+        else:
+            ops.snake(x, self.snake.alpha, out=window[..., kept:])
+        self.window = window
+        return window
+
+    def _flush_input(self) -> Tensor | None:
+        """What flush pushes: the right padding's zeros (Snake maps zero to zero)."""
+        w = self.window
+        return None if w is None else w.new_zeros(*w.shape[:2], self.right)
+
+
+class _Conv(_Windowed):
+    """A stride-1 ``nn.Conv1d`` with zero padding ``p`` on both sides, after an optional Snake, with an optional
+    tanh after it: the conv over each window emits every output the window makes final (none while the window
+    is shorter than the kernel)."""
 
     def __init__(self, conv: nn.Conv1d, params: _Params, snake: Snake1d | None = None, tanh: bool = False) -> None:
-        super().__init__()
         (k,), (d,), (s,) = conv.kernel_size, conv.dilation, conv.stride
         pad = conv.padding
         if s != 1 or conv.groups != 1 or not isinstance(pad, tuple) or conv.padding_mode != "zeros":
             raise ValueError(f"unsupported conv for streaming: {conv}")
-        self.conv, self.params, self.snake, self.tanh = conv, params, snake, tanh
+        super().__init__(conv, params, snake)
+        self.tanh = tanh
         self.dilation = d
         self.context = (k - 1) * d  # input samples one output spans, minus one
-        self.left = pad[0]
+        self.initial = self.left = pad[0]
         self.right = self.context - pad[0]
         self.reset()
 
-    def reset(self) -> None:
-        super().reset()
-        self.history: Tensor | None = None
-
-    @property
-    def steady(self) -> bool:
-        return self.history is not None and self.history.shape[-1] == self.context
-
-    def _input(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        """(history, the conv input of x): Snake once per sample, in the conv's dtype."""
-        x = _activate(self.snake, x, self.conv.weight)
-        if self.history is None:
-            self.history = x.new_zeros(x.shape[0], x.shape[1], self.left)
-        return self.history, x
-
-    def _conv(self, history: Tensor, x: Tensor, **kwargs) -> Tensor | None:
-        """The conv over ``[history | x]``: the outputs it makes final (None: none yet)."""
-        if history.shape[-1] + x.shape[-1] <= self.context:
+    def _conv(self, window: Tensor, **kwargs) -> Tensor | None:
+        if window.shape[-1] <= self.context:
             return None
         weight, bias = _weights(self.conv, self.params)
-        return ops.conv1d(x, weight, bias, history=history, dilation=self.dilation, dtype=x.dtype, **kwargs)
-
-    def _advance(self, history: Tensor, x: Tensor) -> None:
-        self.history = self._tail(history, x, min(history.shape[-1] + x.shape[-1], self.context))
+        return ops.conv1d(window, weight, bias, dilation=self.dilation, dtype=window.dtype, **kwargs)
 
     def push(self, x: Tensor) -> Tensor | None:
-        history, x = self._input(x)
-        y = self._conv(history, x, tanh=self.tanh)
-        self._advance(history, x)
-        return y
+        return self._conv(self._next_window(x), tanh=self.tanh)
 
     def flush(self) -> Tensor | None:
-        if self.history is None:
-            return None
-        h = self.history
-        out = self.push(h.new_zeros(h.shape[0], h.shape[1], self.right))
+        zeros = self._flush_input()
+        out = None if zeros is None else self.push(zeros)
         self.reset_state()
         return out
 
     def reset_state(self) -> None:
-        self.history = None
+        self.window = None
 
 
 class _ResUnit(_Conv):
     """A :class:`~zonos.codec.dac.ResidualUnit`: ``x + conv2(snake2(conv1(snake1(x))))``.
 
-    conv1 streams as a :class:`_Conv` (history: its last ``6 d`` inputs, ``snake1(x)``); the kernel-1 conv2
-    adds the residual as it stores, reading it from ``[pending | x]``, where ``pending`` holds the raw inputs
-    whose conv1 output is not final yet (window samples ``3 d ..`` of conv1's input: its centre tap).  Both
-    histories advance after both convs (in place, once steady).
+    conv1 streams as a :class:`_Conv`; the kernel-1 conv2 adds the residual as it stores, reading it from
+    ``[pending | x]``, where ``pending`` holds the raw inputs whose conv1 output is not final yet (conv1's window
+    samples from ``3 d`` on: its centre tap).  ``pending`` advances after conv2 has read it.
     """
 
-    state_attrs = ("history", "pending")
+    state_attrs = ("window", "pending")
 
     def __init__(self, unit: ResidualUnit, params: _Params) -> None:
         super().__init__(unit.conv1, params, unit.snake1)
         self.unit = unit
 
     def reset_state(self) -> None:
-        self.history = self.pending = None
+        self.window = self.pending = None
 
     def reset(self) -> None:
         super().reset()
@@ -271,60 +286,55 @@ class _ResUnit(_Conv):
         return super().steady and self.pending is not None and self.pending.shape[-1] == self.right
 
     def push(self, x: Tensor) -> Tensor | None:
-        raw = x
-        history, x = self._input(x)
-        pending = self.pending if self.pending is not None else raw.new_zeros(*raw.shape[:2], 0)
-        h = self._conv(history, x)
+        window = self._next_window(x)
+        pending = self.pending if self.pending is not None else x.new_zeros(*x.shape[:2], 0)
+        h = self._conv(window)
         y = None
         if h is not None:
             weight, bias = _weights(self.unit.conv2, self.params)
-            h = _activate(self.unit.snake2, h, self.unit.conv2.weight)
-            y = ops.conv1d(h, weight, bias, residual=raw, residual_history=pending, dtype=h.dtype)
-        self._advance(history, x)
-        self.pending = self._tail(pending, raw, self.history.shape[-1] - self.left)
+            h = ops.snake(h, self.unit.snake2.alpha, h.dtype)
+            y = ops.conv1d(h, weight, bias, residual=x, residual_history=pending, dtype=h.dtype)
+        self.pending = self._tail(pending, x, min(window.shape[-1], self.context) - self.left)
         return y
 
 
-class _ConvTranspose(_Stage):
+class _ConvTranspose(_Windowed):
     """``nn.ConvTranspose1d`` (stride ``s``, kernel ``k >= s``, padding ``p``), after an optional Snake.
 
     Input ``i`` adds ``k`` samples to the uncropped output, at ``i * s .. i * s + k - 1``, so uncropped sample
     ``u`` is a sum over inputs ``floor((u - k) / s) + 1 .. floor(u / s)``: once ``m`` inputs are in, samples
-    ``< m * s`` are final.  Each push runs the transposed conv over the last ``h = ceil(k / s) - 1`` inputs
-    (the history, zeros before the stream) and the new ones, and keeps the samples from the new inputs' first
-    on: each final sample is then one conv sum, bias included, over the same inputs as in the one-shot decode,
-    at the cost of recomputing ``h`` inputs per call (one for the DAC: ~3% of the decoder's work at 1-frame
-    pushes).  The cropped output is uncropped sample ``t + p``: ``p`` samples are dropped at the start and, at
-    flush, at the end.
+    ``< m * s`` are final.  Each window holds the last ``h = ceil(k / s) - 1`` inputs (zeros before the
+    stream) and the new ones, and the push keeps the samples from the new inputs' first on: each final sample
+    is then one conv sum, bias included, over the same inputs as in the one-shot decode, at the cost of
+    recomputing ``h`` inputs per call (one for the DAC: ~3% of the decoder's work at 1-frame pushes).  The
+    cropped output is uncropped sample ``t + p``: ``p`` samples are dropped at the start and, at flush, at the
+    end.
     """
 
-    state_attrs = ("history", "to_skip")
+    state_attrs = ("window", "to_skip")
 
     def __init__(self, conv: nn.ConvTranspose1d, params: _Params, snake: Snake1d | None = None) -> None:
-        super().__init__()
         (k,), (s,), (p,), (d,) = conv.kernel_size, conv.stride, conv.padding, conv.dilation
         (op,) = conv.output_padding
         if d != 1 or op != 0 or conv.groups != 1 or k < s or k - s < p:
             raise ValueError(f"unsupported transposed conv for streaming: {conv}")
-        self.conv, self.params, self.snake = conv, params, snake
+        super().__init__(conv, params, snake)
         self.stride, self.kernel, self.padding = s, k, p
-        self.context = -(-k // s) - 1  # history inputs
+        self.context = self.initial = -(-k // s) - 1  # history inputs
         self.right = p
         self.left = k - s - p
         self.reset()
 
     def reset(self) -> None:
         super().reset()
-        self.history: Tensor | None = None
         self.to_skip = self.padding
 
     @property
     def steady(self) -> bool:
-        return self.history is not None and self.to_skip == 0
+        return super().steady and self.to_skip == 0
 
-    def _conv(self, history: Tensor, x: Tensor, end: int) -> Tensor | None:
-        """Uncropped samples ``h s + to_skip .. end - 1`` over ``[history | x]`` (None: none), skipping the crop;
-        ``x`` is Snake's output already."""
+    def _conv(self, window: Tensor, end: int) -> Tensor | None:
+        """Uncropped samples ``h s + to_skip .. end - 1`` over ``window`` (None: none), skipping the crop."""
         first = self.context * self.stride
         drop = min(self.to_skip, max(end - first, 0))
         self.to_skip -= drop
@@ -332,27 +342,22 @@ class _ConvTranspose(_Stage):
             return None
         weight, bias = _weights(self.conv, self.params)
         return ops.conv_transpose1d(
-            x, weight, bias, stride=self.stride, history=history, start=first + drop, length=end - first - drop,
-            dtype=x.dtype,
-        )  # fmt: skip
+            window, weight, bias, stride=self.stride, start=first + drop, length=end - first - drop, dtype=window.dtype
+        )
 
     def push(self, x: Tensor) -> Tensor | None:
         if x.shape[-1] == 0:
             return None
-        x = _activate(self.snake, x, self.conv.weight)
-        history = self.history
-        if history is None:
-            history = x.new_zeros(x.shape[0], x.shape[1], self.context)
-        y = self._conv(history, x, (self.context + x.shape[-1]) * self.stride)
-        self.history = self._tail(history, x, self.context)
-        return y
+        return self._conv(self._next_window(x), x.shape[-1] * self.stride + self.context * self.stride)
 
     def flush(self) -> Tensor | None:
-        h, self.history = self.history, None
-        if h is None or self.context == 0:  # k == s: every sample was final at its push
+        w, self.window = self.window, None
+        if w is None or self.context == 0:  # k == s: every sample was final at its push
             return None
         # The last inputs' samples past the final ones, minus the crop at the end.
-        return self._conv(h, h[..., :0], (self.context - 1) * self.stride + self.kernel - self.padding)
+        return self._conv(
+            w[..., w.shape[-1] - self.context :], (self.context - 1) * self.stride + self.kernel - self.padding
+        )
 
 
 def _run(stages: Sequence[_Stage], x: Tensor | None) -> Tensor | None:

@@ -1,5 +1,5 @@
 """The DAC decoder's convolutions as single ops: a conv or transposed conv with bias, an optional residual add
-and an optional tanh, over an input that may continue a stream (``[history | x]``).  (Snake runs before them,
+and an optional tanh, over a whole sequence or a stream layer's ``[history | new]`` window.  (Snake runs before them,
 once per sample, as :func:`zonos.ops.snake`.)
 
 The one-shot decoder (:class:`zonos.codec.dac.Decoder`) and the streaming decoder
@@ -33,7 +33,6 @@ def conv1d(
     weight: torch.Tensor,
     bias: torch.Tensor | None = None,
     *,
-    history: torch.Tensor | None = None,
     dilation: int = 1,
     padding: int = 0,
     residual: torch.Tensor | None = None,
@@ -42,16 +41,16 @@ def conv1d(
     tanh: bool = False,
     dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
-    """``conv1d(pad([history | x]), weight, bias, dilation)`` ``+ residual`` then ``tanh``, in ``dtype``.
+    """``conv1d(pad(x), weight, bias, dilation)`` ``+ residual`` then ``tanh``, in ``dtype``.
 
-    ``x`` ``[B, C_in, T]``, ``history`` ``[B, C_in, H]`` (the inputs before ``x``; None: none),
-    ``weight`` ``[C_out, C_in, K]``, ``padding`` zeros on both sides.  The output has
-    ``H + T + 2 padding - (K - 1) dilation`` samples.  ``residual``: output sample ``t`` adds sample
+    ``x`` ``[B, C_in, T]`` (a stream layer's ``[history | new]`` window, or a whole sequence), ``weight``
+    ``[C_out, C_in, K]``, ``padding`` zeros on both sides.  The output has ``T + 2 padding - (K - 1) dilation``
+    samples.  ``residual``: output sample ``t`` adds sample
     ``residual_offset + t`` of ``[residual_history | residual]``.  ``dtype`` defaults to ``weight``'s
     promoted with ``x``'s.
     """
     dtype = dtype or torch.promote_types(x.dtype, weight.dtype)
-    u = _sequence(history, x).to(dtype)
+    u = x.to(dtype)
     if padding:
         u = F.pad(u, (padding, padding))
     y = F.conv1d(u, weight.to(dtype), None if bias is None else bias.to(dtype), dilation=dilation)
@@ -70,19 +69,18 @@ def conv_transpose1d(
     bias: torch.Tensor | None = None,
     *,
     stride: int,
-    history: torch.Tensor | None = None,
     start: int = 0,
     length: int | None = None,
     dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
-    """Samples ``start .. start + length - 1`` of ``conv_transpose1d([history | x], weight, bias, stride)``.
+    """Samples ``start .. start + length - 1`` of ``conv_transpose1d(x, weight, bias, stride)``.
 
     ``weight`` ``[C_in, C_out, K]``; the uncropped output of ``L`` inputs has ``(L - 1) stride + K`` samples
     (``length`` defaults to the rest of them; ``nn.ConvTranspose1d`` with padding ``p`` is ``start = p``,
     ``length = (L - 1) stride + K - 2 p``).  Other arguments as :func:`conv1d`.
     """
     dtype = dtype or torch.promote_types(x.dtype, weight.dtype)
-    u = _sequence(history, x).to(dtype)
+    u = x.to(dtype)
     full = (u.shape[-1] - 1) * stride + weight.shape[-1]
     length = full - start if length is None else length
     if start < 0 or length < 0 or start + length > full:
@@ -95,7 +93,7 @@ def sequence_tail(
     history: torch.Tensor, x: torch.Tensor, length: int, *, out: torch.Tensor | None = None
 ) -> torch.Tensor:
     """The last ``length`` samples of ``[history | x]`` (a stream layer's next history), written into ``out``
-    if given (which may be ``history`` itself)."""
+    if given (which may overlap ``history``: a window shifted in place)."""
     seq = _sequence(history, x)
     if not 0 <= length <= seq.shape[-1]:
         raise ValueError(f"cannot keep {length} of {seq.shape[-1]} samples")

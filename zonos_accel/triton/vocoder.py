@@ -39,6 +39,29 @@ def _load_sequence(h_ptr, x_ptr, H, n, b, c, c_ok, pos, s_hb, s_hc, s_ht, s_xb, 
 
 
 @triton.jit
+def _load_input(x_ptr, T_x, b, ci, ok, pos, s_xb, s_xc, s_xt, COMPUTE: tl.constexpr):
+    """The reduction slice of the input: channels ``ci`` at samples ``pos``, zeros outside ``0 .. T_x - 1`` (the
+    padding)."""
+    mask = ok & (pos >= 0) & (pos < T_x)
+    v = tl.load(x_ptr + b * s_xb + ci.to(tl.int64) * s_xc + pos * s_xt, mask=mask, other=0.0)
+    return v.to(COMPUTE)
+
+
+@triton.jit
+def _reduction_slice(
+    x_ptr, w_ptr, T_x, b, ci, ok, pos, co, co_ok, tap, s_xb, s_xc, s_xt, s_wo, s_wi, s_wk, COMPUTE: tl.constexpr
+):  # fmt: skip
+    """(weights, inputs) of one reduction slice: input channels ``ci``, taps ``tap`` (``ok``: real ones)."""
+    v = _load_input(x_ptr, T_x, b, ci[:, None], ok[:, None], pos, s_xb, s_xc, s_xt, COMPUTE)
+    w = tl.load(
+        w_ptr + co[:, None] * s_wo + ci[None, :] * s_wi + tap[None, :] * s_wk,
+        mask=co_ok[:, None] & ok[None, :],
+        other=0.0,
+    )
+    return w.to(COMPUTE), v
+
+
+@triton.jit
 def _epilogue(acc, b_ptr, s_b, co, co_ok, HAS_BIAS: tl.constexpr, COMPUTE: tl.constexpr):
     if HAS_BIAS:
         bias = tl.load(b_ptr + co * s_b, mask=co_ok, other=0.0).to(COMPUTE).to(tl.float32)
@@ -48,9 +71,9 @@ def _epilogue(acc, b_ptr, s_b, co, co_ok, HAS_BIAS: tl.constexpr, COMPUTE: tl.co
 
 @triton.jit
 def _conv_kernel(
-    x_ptr, h_ptr, w_ptr, b_ptr, r_ptr, rh_ptr, out_ptr,
-    C_in, C_out, T_x, H, n_out, offset, dilation, T_r, H_r, res_offset,
-    s_xb, s_xc, s_xt, s_hb, s_hc, s_ht, s_wo, s_wi, s_wk, s_b,
+    x_ptr, w_ptr, b_ptr, r_ptr, rh_ptr, out_ptr,
+    C_in, C_out, T_x, n_out, offset, dilation, T_r, H_r, res_offset,
+    s_xb, s_xc, s_xt, s_wo, s_wi, s_wk, s_b,
     s_rb, s_rc, s_rt, s_rhb, s_rhc, s_rht, s_ob, s_oc, s_ot,
     K: tl.constexpr, KP: tl.constexpr, BLOCK_CO: tl.constexpr, BLOCK_CI: tl.constexpr, BLOCK_T: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, TANH: tl.constexpr,
@@ -62,18 +85,22 @@ def _conv_kernel(
     co_ok = co < C_out
     r = tl.arange(0, BLOCK_CI * KP)  # reduction index: input channel r // KP, tap r % KP
     tap = r % KP
+    pos = t[None, :] + (tap * dilation + offset)[:, None]
     acc = tl.zeros((BLOCK_CO, BLOCK_T), dtype=tl.float32)
-    for ci0 in range(0, C_in, BLOCK_CI):
+    # Slices in input-channel order, each loaded one iteration ahead so the loads overlap the previous dot.
+    ci = r // KP
+    w, v = _reduction_slice(
+        x_ptr, w_ptr, T_x, b, ci, (ci < C_in) & (tap < K), pos, co, co_ok, tap, s_xb, s_xc, s_xt, s_wo, s_wi, s_wk,
+        COMPUTE,
+    )  # fmt: skip
+    for ci0 in range(BLOCK_CI, C_in + BLOCK_CI, BLOCK_CI):
         ci = ci0 + r // KP
-        ok = (ci < C_in) & (tap < K)
-        pos = t[None, :] + (tap * dilation + offset)[:, None]
-        v = _load_sequence(h_ptr, x_ptr, H, T_x, b, ci[:, None], ok[:, None], pos, s_hb, s_hc, s_ht, s_xb, s_xc, s_xt)
-        w = tl.load(
-            w_ptr + co[:, None] * s_wo + ci[None, :] * s_wi + tap[None, :] * s_wk,
-            mask=co_ok[:, None] & ok[None, :],
-            other=0.0,
-        )
-        acc = tl.dot(w.to(COMPUTE), v.to(COMPUTE), acc, input_precision=PRECISION)
+        w_next, v_next = _reduction_slice(
+            x_ptr, w_ptr, T_x, b, ci, (ci < C_in) & (tap < K), pos, co, co_ok, tap, s_xb, s_xc, s_xt, s_wo, s_wi,
+            s_wk, COMPUTE,
+        )  # fmt: skip
+        acc = tl.dot(w, v, acc, input_precision=PRECISION)
+        w, v = w_next, v_next
     y = _epilogue(acc, b_ptr, s_b, co, co_ok, HAS_BIAS, COMPUTE)
     if HAS_RES:
         res = _load_sequence(
@@ -89,9 +116,9 @@ def _conv_kernel(
 
 @triton.jit
 def _conv_transpose_kernel(
-    x_ptr, h_ptr, w_ptr, b_ptr, out_ptr,
-    C_in, C_out, T_x, H, stride, start, length, q_first, n_q,
-    s_xb, s_xc, s_xt, s_hb, s_hc, s_ht, s_wi, s_wo, s_wk, s_b, s_ob, s_oc, s_ot,
+    x_ptr, w_ptr, b_ptr, out_ptr,
+    C_in, C_out, T_x, stride, start, length, q_first, n_q,
+    s_xb, s_xc, s_xt, s_wi, s_wo, s_wk, s_b, s_ob, s_oc, s_ot,
     K: tl.constexpr, MP: tl.constexpr, BLOCK_CO: tl.constexpr, BLOCK_CI: tl.constexpr, BLOCK_Q: tl.constexpr,
     HAS_BIAS: tl.constexpr, COMPUTE: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
@@ -104,18 +131,21 @@ def _conv_transpose_kernel(
     r = tl.arange(0, BLOCK_CI * MP)  # reduction index: input channel r // MP, input q - r % MP
     m = r % MP
     tap = phase + m * stride
+    pos = q[None, :] - m[:, None]
     acc = tl.zeros((BLOCK_CO, BLOCK_Q), dtype=tl.float32)
-    for ci0 in range(0, C_in, BLOCK_CI):
+    ci = r // MP  # as in _conv_kernel: slices in input-channel order, loaded one iteration ahead
+    w, v = _reduction_slice(
+        x_ptr, w_ptr, T_x, b, ci, (ci < C_in) & (tap < K), pos, co, co_ok, tap, s_xb, s_xc, s_xt, s_wo, s_wi, s_wk,
+        COMPUTE,
+    )  # fmt: skip
+    for ci0 in range(BLOCK_CI, C_in + BLOCK_CI, BLOCK_CI):
         ci = ci0 + r // MP
-        ok = (ci < C_in) & (tap < K)
-        pos = q[None, :] - m[:, None]
-        v = _load_sequence(h_ptr, x_ptr, H, T_x, b, ci[:, None], ok[:, None], pos, s_hb, s_hc, s_ht, s_xb, s_xc, s_xt)
-        w = tl.load(
-            w_ptr + ci[None, :] * s_wi + co[:, None] * s_wo + tap[None, :] * s_wk,
-            mask=co_ok[:, None] & ok[None, :],
-            other=0.0,
-        )
-        acc = tl.dot(w.to(COMPUTE), v.to(COMPUTE), acc, input_precision=PRECISION)
+        w_next, v_next = _reduction_slice(
+            x_ptr, w_ptr, T_x, b, ci, (ci < C_in) & (tap < K), pos, co, co_ok, tap, s_xb, s_xc, s_xt, s_wo, s_wi,
+            s_wk, COMPUTE,
+        )  # fmt: skip
+        acc = tl.dot(w, v, acc, input_precision=PRECISION)
+        w, v = w_next, v_next
     y = _epilogue(acc, b_ptr, s_b, co, co_ok, HAS_BIAS, COMPUTE)
     t = q * stride + phase - start
     mask = co_ok[:, None] & ((qi < n_q) & (t >= 0) & (t < length))[None, :]
@@ -134,7 +164,7 @@ def _tail_kernel(
     c_ok = c < C
     pos = (H + n - length + i)[None, :]
     v = _load_sequence(h_ptr, x_ptr, H, n, b, c[:, None], c_ok[:, None], pos, s_hb, s_hc, s_ht, s_xb, s_xc, s_xt)
-    # out may be the history itself: each program owns whole rows, so every read of its rows comes first.
+    # out may overlap the history: each program owns whole rows, so every read of its rows comes first.
     tl.debug_barrier()
     mask = c_ok[:, None] & (i < length)[None, :]
     out_ptr += b * s_ob + c[:, None].to(tl.int64) * s_oc + i[None, :] * s_ot
@@ -181,7 +211,6 @@ def conv1d(
     weight: torch.Tensor,
     bias: torch.Tensor | None = None,
     *,
-    history: torch.Tensor | None = None,
     dilation: int = 1,
     padding: int = 0,
     residual: torch.Tensor | None = None,
@@ -194,16 +223,15 @@ def conv1d(
     dtype = _compute(x, weight, dtype)
     if torch.float64 in (dtype, x.dtype, weight.dtype):
         return reference.conv1d(
-            x, weight, bias, history=history, dilation=dilation, padding=padding, residual=residual,
+            x, weight, bias, dilation=dilation, padding=padding, residual=residual,
             residual_history=residual_history, residual_offset=residual_offset, tanh=tanh, dtype=dtype,
         )  # fmt: skip
     c_out, c_in, k = weight.shape
-    h = _check(x, history, c_in, "conv1d")
-    H = 0 if history is None else history.shape[-1]
+    _check(x, None, c_in, "conv1d")
     batch, n = x.shape[0], x.shape[-1]
-    n_out = H + n + 2 * padding - (k - 1) * dilation
+    n_out = n + 2 * padding - (k - 1) * dilation
     if n_out < 0:
-        raise ValueError(f"{H + n} samples are too few for a kernel spanning {(k - 1) * dilation + 1}")
+        raise ValueError(f"{n} samples are too few for a kernel spanning {(k - 1) * dilation + 1}")
     out = torch.empty(batch, c_out, n_out, dtype=dtype, device=x.device)
     if residual is not None:
         rh = _check(residual, residual_history, c_out, "the residual of conv1d")
@@ -221,9 +249,9 @@ def conv1d(
     b_ptr, s_b = _bias_args(bias, weight)
     grid = (triton.cdiv(n_out, block_t), triton.cdiv(c_out, block_co), batch)
     _conv_kernel[grid](
-        x, h, weight, b_ptr, residual, rh, out,
-        c_in, c_out, n, H, n_out, -padding, dilation, residual.shape[-1], H_r, residual_offset,
-        *x.stride(), *h.stride(), *weight.stride(), s_b, *residual.stride(), *rh.stride(), *out.stride(),
+        x, weight, b_ptr, residual, rh, out,
+        c_in, c_out, n, n_out, -padding, dilation, residual.shape[-1], H_r, residual_offset,
+        *x.stride(), *weight.stride(), s_b, *residual.stride(), *rh.stride(), *out.stride(),
         K=k, KP=triton.next_power_of_2(k), BLOCK_CO=block_co, BLOCK_CI=block_ci, BLOCK_T=block_t,
         HAS_BIAS=bias is not None, HAS_RES=rh is not out, TANH=tanh,
         COMPUTE=_TL_DTYPES[dtype], PRECISION=_precision(dtype), num_warps=warps,
@@ -237,7 +265,6 @@ def conv_transpose1d(
     bias: torch.Tensor | None = None,
     *,
     stride: int,
-    history: torch.Tensor | None = None,
     start: int = 0,
     length: int | None = None,
     dtype: torch.dtype | None = None,
@@ -245,14 +272,11 @@ def conv_transpose1d(
     """Same contract as :func:`zonos.ops.vocoder.conv_transpose1d` (the reference it is tested against)."""
     dtype = _compute(x, weight, dtype)
     if torch.float64 in (dtype, x.dtype, weight.dtype):
-        return reference.conv_transpose1d(
-            x, weight, bias, stride=stride, history=history, start=start, length=length, dtype=dtype
-        )
+        return reference.conv_transpose1d(x, weight, bias, stride=stride, start=start, length=length, dtype=dtype)
     c_in, c_out, k = weight.shape
-    h = _check(x, history, c_in, "conv_transpose1d")
-    H = 0 if history is None else history.shape[-1]
+    _check(x, None, c_in, "conv_transpose1d")
     batch, n = x.shape[0], x.shape[-1]
-    full = (H + n - 1) * stride + k
+    full = (n - 1) * stride + k
     length = full - start if length is None else length
     if start < 0 or length < 0 or start + length > full:
         raise ValueError(f"samples {start}..{start + length - 1} lie outside the {full} of the transposed conv")
@@ -266,9 +290,9 @@ def conv_transpose1d(
     b_ptr, s_b = _bias_args(bias, weight)
     grid = (triton.cdiv(n_q, block_q), triton.cdiv(c_out, block_co), batch * stride)
     _conv_transpose_kernel[grid](
-        x, h, weight, b_ptr, out,
-        c_in, c_out, n, H, stride, start, length, q_first, n_q,
-        *x.stride(), *h.stride(), *weight.stride(), s_b, *out.stride(),
+        x, weight, b_ptr, out,
+        c_in, c_out, n, stride, start, length, q_first, n_q,
+        *x.stride(), *weight.stride(), s_b, *out.stride(),
         K=k, MP=mp, BLOCK_CO=block_co, BLOCK_CI=block_ci, BLOCK_Q=block_q,
         HAS_BIAS=bias is not None, COMPUTE=_TL_DTYPES[dtype], PRECISION=_precision(dtype), num_warps=warps,
     )  # fmt: skip
@@ -278,7 +302,8 @@ def conv_transpose1d(
 def sequence_tail(
     history: torch.Tensor, x: torch.Tensor, length: int, *, out: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """Same contract as :func:`zonos.ops.vocoder.sequence_tail`; ``out`` may be ``history`` itself."""
+    """Same contract as :func:`zonos.ops.vocoder.sequence_tail`; ``out`` may overlap ``history`` (a stream layer
+    shifting its window in place)."""
     if history.dtype == torch.float64:
         return reference.sequence_tail(history, x, length, out=out)
     _check(x, history, history.shape[1], "sequence_tail")

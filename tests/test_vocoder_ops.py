@@ -205,10 +205,13 @@ def test_float64_and_bad_arguments_take_the_reference_or_raise(target):
         fast.conv1d(x32[..., :3], w, b, dilation=3)
     with pytest.raises(ValueError, match="residual"):
         fast.conv1d(x32, w, b, residual=x32[..., :2])
-    with pytest.raises(ValueError, match="outside"):
-        fast.conv_transpose1d(x32, w.reshape(8, 8, 7), b, stride=4, start=0, length=1000)
-    with pytest.raises(ValueError, match="cannot keep"):
-        fast.sequence_tail(x32, x32, 100)
+    for module in (reference, fast):
+        with pytest.raises(ValueError, match="outside"):
+            module.conv_transpose1d(x32, w.reshape(8, 8, 7), b, stride=4, start=0, length=1000)
+        with pytest.raises(ValueError, match="cannot keep"):
+            module.sequence_tail(x32, x32, 100)
+    with pytest.raises(ValueError, match="cannot hold"):
+        fast.sequence_tail(x32, x32, 4, out=x32.new_empty(2, 8, 5))
     for fn in (reference.conv1d, fast.conv1d):
         with pytest.raises(ValueError, match="residual"):
             fn(x32, w, b, padding=3, residual=x32, residual_offset=2)
@@ -257,3 +260,19 @@ def test_stream_equals_one_shot_bit_for_bit(real_size_codec, fp16, schedule):
         assert audio.shape == one_shot.shape and not audio.isnan().any()
         assert torch.equal(audio, one_shot), f"{int((audio != one_shot).sum())} samples differ"
     assert dec.graph_replays > 0
+
+
+def test_reference_rejects_bad_arguments():
+    """The torch references (what the CPU runs) name the problem; the kernels' own checks are tested above."""
+    x = torch.randn(1, 4, 10)
+    w = torch.randn(4, 4, 3)
+    with pytest.raises(ValueError, match="residual has 2 samples"):
+        reference.conv1d(x, w, residual=x[..., :2])
+    with pytest.raises(ValueError, match="outside"):
+        reference.conv_transpose1d(x, w, stride=2, start=5, length=100)
+    with pytest.raises(ValueError, match="cannot keep 11"):
+        reference.sequence_tail(x[..., :6], x[..., :4], 11)
+    with pytest.raises(ValueError, match="does not continue"):
+        reference.sequence_tail(x.double(), x, 3)
+    y = reference.conv1d(x, w, padding=1, residual=x)  # the residual as in a residual unit
+    assert torch.allclose(y, torch.nn.functional.conv1d(x, w, padding=1) + x)

@@ -48,10 +48,9 @@ def _load_input(x_ptr, T_x, b, ci, ok, pos, s_xb, s_xc, s_xt, COMPUTE: tl.conste
 
 
 @triton.jit
-def _reduction_slice(
-    x_ptr, w_ptr, T_x, b, ci, ok, pos, co, co_ok, tap, s_xb, s_xc, s_xt, s_wo, s_wi, s_wk, COMPUTE: tl.constexpr
-):  # fmt: skip
-    """(weights, inputs) of one reduction slice: input channels ``ci``, taps ``tap`` (``ok``: real ones)."""
+def _slice(x_ptr, w_ptr, T_x, C_in, b, ci, tap, pos, co, co_ok, s_xb, s_xc, s_xt, s_wo, s_wi, s_wk, K, COMPUTE):
+    """(weights, inputs) of one reduction slice: input channels ``ci`` at taps ``tap`` and samples ``pos``."""
+    ok = (ci < C_in) & (tap < K)
     v = _load_input(x_ptr, T_x, b, ci[:, None], ok[:, None], pos, s_xb, s_xc, s_xt, COMPUTE)
     w = tl.load(
         w_ptr + co[:, None] * s_wo + ci[None, :] * s_wi + tap[None, :] * s_wk,
@@ -59,6 +58,24 @@ def _reduction_slice(
         other=0.0,
     )
     return w.to(COMPUTE), v
+
+
+@triton.jit
+def _reduce(
+    acc, x_ptr, w_ptr, T_x, C_in, b, ci, tap, pos, co, co_ok, s_xb, s_xc, s_xt, s_wo, s_wi, s_wk,
+    K: tl.constexpr, BLOCK_CI: tl.constexpr, COMPUTE: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    """``acc`` plus the sum over all input channels, in slices of ``BLOCK_CI`` channels in channel order (the
+    fixed order that makes every output the same sum); each slice is loaded one iteration ahead of its dot, so
+    the loads overlap the previous one."""
+    w, v = _slice(x_ptr, w_ptr, T_x, C_in, b, ci, tap, pos, co, co_ok, s_xb, s_xc, s_xt, s_wo, s_wi, s_wk, K, COMPUTE)
+    for ci0 in range(BLOCK_CI, C_in + BLOCK_CI, BLOCK_CI):
+        w_next, v_next = _slice(
+            x_ptr, w_ptr, T_x, C_in, b, ci0 + ci, tap, pos, co, co_ok, s_xb, s_xc, s_xt, s_wo, s_wi, s_wk, K, COMPUTE
+        )
+        acc = tl.dot(w, v, acc, input_precision=PRECISION)
+        w, v = w_next, v_next
+    return acc
 
 
 @triton.jit
@@ -87,20 +104,10 @@ def _conv_kernel(
     tap = r % KP
     pos = t[None, :] + (tap * dilation + offset)[:, None]
     acc = tl.zeros((BLOCK_CO, BLOCK_T), dtype=tl.float32)
-    # Slices in input-channel order, each loaded one iteration ahead so the loads overlap the previous dot.
-    ci = r // KP
-    w, v = _reduction_slice(
-        x_ptr, w_ptr, T_x, b, ci, (ci < C_in) & (tap < K), pos, co, co_ok, tap, s_xb, s_xc, s_xt, s_wo, s_wi, s_wk,
-        COMPUTE,
+    acc = _reduce(
+        acc, x_ptr, w_ptr, T_x, C_in, b, r // KP, tap, pos, co, co_ok, s_xb, s_xc, s_xt, s_wo, s_wi, s_wk,
+        K, BLOCK_CI, COMPUTE, PRECISION,
     )  # fmt: skip
-    for ci0 in range(BLOCK_CI, C_in + BLOCK_CI, BLOCK_CI):
-        ci = ci0 + r // KP
-        w_next, v_next = _reduction_slice(
-            x_ptr, w_ptr, T_x, b, ci, (ci < C_in) & (tap < K), pos, co, co_ok, tap, s_xb, s_xc, s_xt, s_wo, s_wi,
-            s_wk, COMPUTE,
-        )  # fmt: skip
-        acc = tl.dot(w, v, acc, input_precision=PRECISION)
-        w, v = w_next, v_next
     y = _epilogue(acc, b_ptr, s_b, co, co_ok, HAS_BIAS, COMPUTE)
     if HAS_RES:
         res = _load_sequence(
@@ -133,19 +140,10 @@ def _conv_transpose_kernel(
     tap = phase + m * stride
     pos = q[None, :] - m[:, None]
     acc = tl.zeros((BLOCK_CO, BLOCK_Q), dtype=tl.float32)
-    ci = r // MP  # as in _conv_kernel: slices in input-channel order, loaded one iteration ahead
-    w, v = _reduction_slice(
-        x_ptr, w_ptr, T_x, b, ci, (ci < C_in) & (tap < K), pos, co, co_ok, tap, s_xb, s_xc, s_xt, s_wo, s_wi, s_wk,
-        COMPUTE,
+    acc = _reduce(
+        acc, x_ptr, w_ptr, T_x, C_in, b, r // MP, tap, pos, co, co_ok, s_xb, s_xc, s_xt, s_wo, s_wi, s_wk,
+        K, BLOCK_CI, COMPUTE, PRECISION,
     )  # fmt: skip
-    for ci0 in range(BLOCK_CI, C_in + BLOCK_CI, BLOCK_CI):
-        ci = ci0 + r // MP
-        w_next, v_next = _reduction_slice(
-            x_ptr, w_ptr, T_x, b, ci, (ci < C_in) & (tap < K), pos, co, co_ok, tap, s_xb, s_xc, s_xt, s_wo, s_wi,
-            s_wk, COMPUTE,
-        )  # fmt: skip
-        acc = tl.dot(w, v, acc, input_precision=PRECISION)
-        w, v = w_next, v_next
     y = _epilogue(acc, b_ptr, s_b, co, co_ok, HAS_BIAS, COMPUTE)
     t = q * stride + phase - start
     mask = co_ok[:, None] & ((qi < n_q) & (t >= 0) & (t < length))[None, :]

@@ -362,3 +362,17 @@ def test_load_audio_errors(tmp_path):
     bad.write_bytes(b"this is not audio")
     with pytest.raises(ValueError, match="could not read audio file"):
         load_audio(bad)
+
+
+def test_codes_to_latent_is_the_sum_of_every_stage(codec):
+    """The one conv over the stacked codebook rows equals the sum of each stage's out_proj(codebook row)."""
+    dac = codec.dac.double()
+    try:
+        codes = torch.randint(0, dac.config.codebook_size, (2, dac.config.n_codebooks, 7))
+        expected = sum(
+            vq.out_proj(vq.codebook(codes[:, q]).transpose(1, 2)) for q, vq in enumerate(dac.quantizer.quantizers)
+        )
+        torch.testing.assert_close(dac.codes_to_latent(codes), expected, rtol=1e-12, atol=1e-12)
+        assert dac.codes_to_latent(codes[:, :3]).shape == expected.shape  # fewer codebooks: the first ones
+    finally:
+        dac.float()

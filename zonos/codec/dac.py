@@ -251,10 +251,6 @@ class VectorQuantizer(nn.Module):
         keys = F.normalize(self.codebook.weight, dim=-1)  # [K, D]
         return (query @ keys.t()).argmax(dim=-1)
 
-    def embed(self, codes: Tensor) -> Tensor:
-        """Latent contribution ``[B, hidden, T]`` of codes ``[B, T]`` (raw, un-normalised rows)."""
-        return self.out_proj(self.codebook(codes).transpose(1, 2))
-
 
 class ResidualVectorQuantizer(nn.Module):
     """``n_codebooks`` VQ stages, each quantising what the previous ones left over."""

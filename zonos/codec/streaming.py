@@ -217,11 +217,6 @@ class _Windowed(_Stage):
         self.window = window
         return window
 
-    def _flush_input(self) -> Tensor | None:
-        """What flush pushes: the right padding's zeros (Snake maps zero to zero)."""
-        w = self.window
-        return None if w is None else w.new_zeros(*w.shape[:2], self.right)
-
 
 class _Conv(_Windowed):
     """A stride-1 ``nn.Conv1d`` with zero padding ``p`` on both sides, after an optional Snake, with an optional
@@ -251,13 +246,11 @@ class _Conv(_Windowed):
         return self._conv(self._next_window(x), tanh=self.tanh)
 
     def flush(self) -> Tensor | None:
-        zeros = self._flush_input()
-        out = None if zeros is None else self.push(zeros)
-        self.reset_state()
+        w = self.window  # push the right padding's zeros (Snake maps zero to zero)
+        out = None if w is None else self.push(w.new_zeros(*w.shape[:2], self.right))
+        for attr in self.state_attrs:  # the stream is over (reset() zeroes the buffers for the next one)
+            setattr(self, attr, None)
         return out
-
-    def reset_state(self) -> None:
-        self.window = None
 
 
 class _ResUnit(_Conv):
@@ -273,9 +266,6 @@ class _ResUnit(_Conv):
     def __init__(self, unit: ResidualUnit, params: _Params) -> None:
         super().__init__(unit.conv1, params, unit.snake1)
         self.unit = unit
-
-    def reset_state(self) -> None:
-        self.window = self.pending = None
 
     def reset(self) -> None:
         super().reset()

@@ -2,9 +2,11 @@
 44.1 kHz decoder (random weights, fp16 autocast, CUDA-graph replays as in generate), kernels grouped by what
 they do, in µs per push; and the one-shot decode of the same frames for comparison.
 
-    python3 benchmarks/vocoder_profile.py [--chunks 1,2,8,32] [--pushes 20] [--ops triton,torch]
+    python3 benchmarks/vocoder_profile.py [--chunks 1,2,8,32] [--pushes 20] [--ops triton,torch] [--sweep]
 
-``--ops torch`` runs the decoder's convs on cuDNN (Snake stays the Triton kernel).
+``--ops torch`` runs the decoder's convs on cuDNN (Snake stays the Triton kernel).  ``--sweep`` times the
+stream and the one-shot decode for each tile configuration of our conv kernels (the same for every layer;
+any fixed one keeps the stream bit-exact, which the table checks), to choose ``_blocks``.
 """
 
 from __future__ import annotations
@@ -14,15 +16,18 @@ import re
 from collections import defaultdict
 
 import torch
+import triton
 from torch.profiler import ProfilerActivity, profile
 
 import zonos.ops
 from benchmarks.common import table
+from benchmarks.streaming import vocoder_cost
 from zonos.codec.autoencoder import DACAutoencoder
 from zonos.codec.dac import DACConfig
 from zonos.codec.streaming import StreamingDACDecoder
 from zonos.ops import vocoder as vocoder_reference
 from zonos_accel.triton import enable_triton_ops
+from zonos_accel.triton import vocoder as kernels
 
 LAYER_OPS = ("conv1d", "conv_transpose1d", "sequence_tail")
 GROUPS = [  # first match wins
@@ -57,16 +62,42 @@ def summarize(events: list, per: int) -> dict[str, tuple[float, float]]:
     return {g: (n / per, us / per) for g, (n, us) in acc.items()}
 
 
+# (BLOCK_CO, reduction slice, BLOCK_T): output channels × samples per program, channels × taps per step.
+SWEEP = [(co, red, t) for co in (16, 32, 64) for red in (64, 128) for t in (32, 64)]
+
+
+def sweep(codec: DACAutoencoder, chunks: list[int]) -> None:
+    """Stream and one-shot cost per tile configuration, with the count of streamed samples that differ."""
+    default = kernels._blocks
+    rows = []
+    try:
+        for block_co, reduce, block_t in SWEEP:
+
+            def blocks(c_out, taps, block_co=block_co, reduce=reduce, block_t=block_t):
+                return block_co, max(1, reduce // triton.next_power_of_2(taps)), block_t, 4
+
+            kernels._blocks = blocks
+            for row in vocoder_cost(codec, 256, chunks):
+                rows.append({"BLOCK_CO": block_co, "reduction slice": reduce, "BLOCK_T": block_t, **row})
+    finally:
+        kernels._blocks = default
+    print(table(rows, "Tile configurations of the vocoder conv kernels (every layer alike; 256 frames, fp16)"))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--chunks", default="1,2,8,32", help="push sizes in frames, comma-separated")
     p.add_argument("--pushes", type=int, default=20, help="steady pushes profiled per size")
     p.add_argument("--ops", default="triton", choices=["triton", "torch"], help="the decoder convs' implementation")
+    p.add_argument("--sweep", action="store_true", help="time every tile configuration of SWEEP instead")
     args = p.parse_args()
 
     torch.manual_seed(0)
     codec = DACAutoencoder(DACConfig(), device="cuda")
     enable_triton_ops()
+    if args.sweep:
+        sweep(codec, [int(c) for c in args.chunks.split(",")])
+        return
     if args.ops == "torch":
         for name in LAYER_OPS:
             setattr(zonos.ops, name, getattr(vocoder_reference, name))

@@ -12,6 +12,7 @@ any fixed one keeps the stream bit-exact, which the table checks), to choose ``_
 from __future__ import annotations
 
 import argparse
+import contextlib
 import re
 from collections import defaultdict
 
@@ -19,17 +20,14 @@ import torch
 import triton
 from torch.profiler import ProfilerActivity, profile
 
-import zonos.ops
 from benchmarks.common import table
-from benchmarks.streaming import vocoder_cost
+from benchmarks.streaming import torch_layer_ops, vocoder_cost
 from zonos.codec.autoencoder import DACAutoencoder
 from zonos.codec.dac import DACConfig
 from zonos.codec.streaming import StreamingDACDecoder
-from zonos.ops import vocoder as vocoder_reference
 from zonos_accel.triton import enable_triton_ops
 from zonos_accel.triton import vocoder as kernels
 
-LAYER_OPS = ("conv1d", "conv_transpose1d", "sequence_tail")
 GROUPS = [  # first match wins
     ("conv (ours)", r"_conv_kernel"),
     ("transposed conv (ours)", r"_conv_transpose_kernel"),
@@ -84,40 +82,25 @@ def sweep(codec: DACAutoencoder, chunks: list[int]) -> None:
     print(table(rows, "Tile configurations of the vocoder conv kernels (every layer alike; 256 frames, fp16)"))
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--chunks", default="1,2,8,32", help="push sizes in frames, comma-separated")
-    p.add_argument("--pushes", type=int, default=20, help="steady pushes profiled per size")
-    p.add_argument("--ops", default="triton", choices=["triton", "torch"], help="the decoder convs' implementation")
-    p.add_argument("--sweep", action="store_true", help="time every tile configuration of SWEEP instead")
-    args = p.parse_args()
-
-    torch.manual_seed(0)
-    codec = DACAutoencoder(DACConfig(), device="cuda")
-    enable_triton_ops()
-    if args.sweep:
-        sweep(codec, [int(c) for c in args.chunks.split(",")])
-        return
-    if args.ops == "torch":
-        for name in LAYER_OPS:
-            setattr(zonos.ops, name, getattr(vocoder_reference, name))
+def profile_pushes(codec: DACAutoencoder, chunks: list[int], count: int) -> list[dict]:
+    """Rows of GPU time per kernel group: steady pushes of each size against the one-shot decode."""
     rows = []
-    for chunk in map(int, args.chunks.split(",")):
+    for chunk in chunks:
         warm = (-(-16 // chunk) + 2) * chunk  # past the first audio (10 frames), then the steady push twice
-        codes = torch.randint(0, 1024, (1, 9, warm + args.pushes * chunk), device="cuda")
+        codes = torch.randint(0, 1024, (1, 9, warm + count * chunk), device="cuda")
         dec = StreamingDACDecoder(codec)
         for s in range(0, warm, chunk):
             dec.push(codes[..., s : s + chunk])
 
-        def pushes(dec=dec, codes=codes, chunk=chunk, warm=warm):
-            for i in range(args.pushes):
+        def steady(dec=dec, codes=codes, chunk=chunk, warm=warm):
+            for i in range(count):
                 s = warm + i * chunk
                 dec.push(codes[..., s : s + chunk])
 
-        one_shot = codes[..., : args.pushes * chunk]
+        one_shot = codes[..., : count * chunk]
         codec.decode(one_shot)
-        groups = summarize(gpu_events(pushes), args.pushes)
-        frames = args.pushes * chunk
+        groups = summarize(gpu_events(steady), count)
+        frames = count * chunk
         shot = summarize(gpu_events(lambda one_shot=one_shot: codec.decode(one_shot)), 1)
         for label in sorted(set(groups) | set(shot), key=lambda g: -groups.get(g, (0, 0))[1]):
             n, us = groups.get(label, (0, 0.0))
@@ -143,6 +126,27 @@ def main() -> None:
                 "one-shot µs per frame": shot_total / frames,
             }
         )
+    return rows
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--chunks", default="1,2,8,32", help="push sizes in frames, comma-separated")
+    p.add_argument("--pushes", type=int, default=20, help="steady pushes profiled per size")
+    p.add_argument("--ops", default="triton", choices=["triton", "torch"], help="the decoder convs' implementation")
+    p.add_argument("--sweep", action="store_true", help="time every tile configuration of SWEEP instead")
+    args = p.parse_args()
+
+    torch.manual_seed(0)
+    codec = DACAutoencoder(DACConfig(), device="cuda")
+    enable_triton_ops()
+    if args.sweep:
+        sweep(codec, [int(c) for c in args.chunks.split(",")])
+        return
+    with contextlib.ExitStack() as stack:
+        if args.ops == "torch":
+            stack.enter_context(torch_layer_ops())
+        rows = profile_pushes(codec, [int(c) for c in args.chunks.split(",")], args.pushes)
     print(table(rows, f"Streaming vocoder push, GPU time by kernel group ({args.ops} convs, fp16, graph replays)"))
     print(f"\n{torch.cuda.get_device_name()}, torch {torch.__version__}")
 

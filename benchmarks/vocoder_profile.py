@@ -129,9 +129,20 @@ def profile_pushes(codec: DACAutoencoder, chunks: list[int], count: int) -> list
     return rows
 
 
+def chunk_sizes(text: str) -> list[int]:
+    """``--chunks``: comma-separated positive ints."""
+    try:
+        sizes = [int(c) for c in text.split(",")]
+    except ValueError:
+        sizes = []
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"expected comma-separated positive frame counts, got {text!r}")
+    return sizes
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--chunks", default="1,2,8,32", help="push sizes in frames, comma-separated")
+    p.add_argument("--chunks", type=chunk_sizes, default="1,2,8,32", help="push sizes in frames, comma-separated")
     p.add_argument("--pushes", type=int, default=20, help="steady pushes profiled per size")
     p.add_argument("--ops", default="triton", choices=["triton", "torch"], help="the decoder convs' implementation")
     p.add_argument("--sweep", action="store_true", help="time every tile configuration of SWEEP instead")
@@ -141,12 +152,12 @@ def main() -> None:
     codec = DACAutoencoder(DACConfig(), device="cuda")
     enable_triton_ops()
     if args.sweep:
-        sweep(codec, [int(c) for c in args.chunks.split(",")])
+        sweep(codec, args.chunks)
         return
     with contextlib.ExitStack() as stack:
         if args.ops == "torch":
             stack.enter_context(torch_layer_ops())
-        rows = profile_pushes(codec, [int(c) for c in args.chunks.split(",")], args.pushes)
+        rows = profile_pushes(codec, args.chunks, args.pushes)
     print(table(rows, f"Streaming vocoder push, GPU time by kernel group ({args.ops} convs, fp16, graph replays)"))
     print(f"\n{torch.cuda.get_device_name()}, torch {torch.__version__}")
 

@@ -129,9 +129,11 @@ def test_default_precision_and_cudnn_settings(codec):
 def test_one_off_sizes_are_not_captured(codec, exact):
     """The first run of a key stays eager: a stream's last partial chunk costs no capture."""
     graphed = StreamingDACDecoder(codec, fp16_autocast=False)
-    graphed_codes = codes_(1, 27, 40)
-    stream(graphed, graphed_codes, [11, 4, 4, 4, 3, 1])
-    assert graphed.graph_captures == 1  # the steady 4-frame push, at its second occurrence
+    graphed_codes = codes_(1, 31, 40)
+    # A push's key is the state's shapes, which the previous push's size sets: the 4-frame push after a
+    # 4-frame push recurs (captured at its second occurrence, replayed at its third); the others do not.
+    stream(graphed, graphed_codes, [11, 4, 4, 4, 4, 3, 1])
+    assert graphed.graph_captures == 1
     assert graphed.graph_replays == 1
 
 
@@ -148,8 +150,8 @@ def test_side_streams_and_cancel(codec, exact, fp16):
     side.wait_stream(main)
     with torch.cuda.stream(side):  # a request that is cancelled after a few chunks
         graphed.reset()
-        partial = codes_(1, 23, 50)
-        for start, size in [(0, 11), (11, 4), (15, 4), (19, 4)]:
+        partial = codes_(1, 27, 50)
+        for start, size in [(0, 11), (11, 4), (15, 4), (19, 4), (23, 4)]:
             graphed.push(partial[..., start : start + size])
     assert graphed.graph_captures == 1 and graphed.graph_replays == 1
     graphed.reset()  # the cancel, on the main stream as in zonos/streaming.py

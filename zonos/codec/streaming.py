@@ -116,12 +116,11 @@ class _Stage:
     input samples ``floor((t - left) / stride) .. floor((t + right) / stride)``, and after ``m``
     input samples, ``stride * m - right`` output samples are final.
 
-    The state is the attributes named in ``state_attrs``.  Its shapes depend only on the number of
-    samples pushed so far, and stop changing once the stage has emitted output (it is ``steady``).
-    With ``static`` set (the decoder sets it on CUDA, for its CUDA graphs), every state tensor is
+    The state is the attributes named in ``state_attrs``: tensors, whose shapes depend only on the
+    sizes of the pushes so far, and ints.  With ``static`` set (the decoder sets it on CUDA, for its CUDA graphs), every state tensor is
     kept in a buffer of this stage that is reused for every state of the same shape, updated in
-    place (:meth:`_empty`): a push then reads and writes the same addresses as every earlier push
-    from the same point of a stream, and a CUDA graph captured from one replays the others.
+    place (:meth:`_empty`): two pushes of one size from states of the same shapes read and write the
+    same addresses, and a CUDA graph captured from one replays the other.
     """
 
     stride: int = 1
@@ -131,7 +130,7 @@ class _Stage:
     static: bool = False
 
     def __init__(self) -> None:
-        self._buffers: dict[tuple, Tensor] = {}  # (shape, dtype, device) -> fixed-address state
+        self._buffers: dict[tuple, Tensor] = {}  # (attribute, shape, dtype, device) -> fixed-address state
 
     def push(self, x: Tensor) -> Tensor | None:
         raise NotImplementedError
@@ -144,21 +143,17 @@ class _Stage:
         for buf in self._buffers.values():  # zeroed in place: captured graphs keep their addresses
             buf.zero_()
 
-    @property
-    def steady(self) -> bool:
-        """Whether a push of ``n`` samples emits ``stride * n`` (the state has its final length)."""
-        return True
-
     def walk(self) -> Iterator[_Stage]:
         """This stage and the stages inside it."""
         yield self
 
-    def _empty(self, shape: tuple[int, ...], like: Tensor) -> Tensor:
-        """A new state tensor, or with ``static`` set this stage's buffer for that shape (the same one every
-        time, so that pushes from the same point of a stream touch the same addresses)."""
+    def _empty(self, attr: str, shape: tuple[int, ...], like: Tensor) -> Tensor:
+        """A new state tensor for attribute ``attr``, or with ``static`` set this stage's buffer for that attribute
+        and shape (the same one every time, so that pushes from states of the same shapes touch the same
+        addresses)."""
         if not self.static:
             return like.new_empty(shape)
-        key = (shape, like.dtype, like.device)
+        key = (attr, shape, like.dtype, like.device)
         buf = self._buffers.get(key)
         if buf is None:
             if like.is_cuda and torch.cuda.is_current_stream_capturing():
@@ -166,10 +161,10 @@ class _Stage:
             buf = self._buffers[key] = like.new_empty(shape)
         return buf
 
-    def _tail(self, history: Tensor, x: Tensor, length: int) -> Tensor:
+    def _tail(self, attr: str, history: Tensor, x: Tensor, length: int) -> Tensor:
         """The last ``length`` samples of ``[history | x]``: the stage's next state (in place once it has its
         final length, with ``static`` set)."""
-        return ops.sequence_tail(history, x, length, out=self._empty((*history.shape[:2], length), history))
+        return ops.sequence_tail(history, x, length, out=self._empty(attr, (*history.shape[:2], length), history))
 
 
 def _weights(conv: nn.Module, params: _Params) -> tuple[Tensor, Tensor | None]:
@@ -197,10 +192,6 @@ class _Windowed(_Stage):
         super().reset()
         self.window: Tensor | None = None
 
-    @property
-    def steady(self) -> bool:
-        return self.window is not None and self.window.shape[-1] >= self.context
-
     def _next_window(self, x: Tensor) -> Tensor:
         """The window of ``x``'s samples: the kept history, then Snake's outputs (or ``x``, cast)."""
         dtype = conv_dtype(x, self.conv.weight)
@@ -208,7 +199,7 @@ class _Windowed(_Stage):
         if last is None:
             last = x.new_zeros(*x.shape[:2], self.initial, dtype=dtype)
         kept = min(last.shape[-1], self.context)
-        window = self._empty((*x.shape[:2], kept + x.shape[-1]), last)
+        window = self._empty("window", (*x.shape[:2], kept + x.shape[-1]), last)
         ops.sequence_tail(last, last[..., :0], kept, out=window[..., :kept])
         if self.snake is None:
             window[..., kept:].copy_(x)
@@ -271,10 +262,6 @@ class _ResUnit(_Conv):
         super().reset()
         self.pending: Tensor | None = None
 
-    @property
-    def steady(self) -> bool:
-        return super().steady and self.pending is not None and self.pending.shape[-1] == self.right
-
     def push(self, x: Tensor) -> Tensor | None:
         window = self._next_window(x)
         pending = self.pending if self.pending is not None else x.new_zeros(*x.shape[:2], 0)
@@ -284,7 +271,7 @@ class _ResUnit(_Conv):
             weight, bias = _weights(self.unit.conv2, self.params)
             h = ops.snake(h, self.unit.snake2.alpha, h.dtype)
             y = ops.conv1d(h, weight, bias, residual=x, residual_history=pending, dtype=h.dtype)
-        self.pending = self._tail(pending, x, min(window.shape[-1], self.context) - self.left)
+        self.pending = self._tail("pending", pending, x, min(window.shape[-1], self.context) - self.left)
         return y
 
 
@@ -318,10 +305,6 @@ class _ConvTranspose(_Windowed):
     def reset(self) -> None:
         super().reset()
         self.to_skip = self.padding
-
-    @property
-    def steady(self) -> bool:
-        return super().steady and self.to_skip == 0
 
     def _conv(self, window: Tensor, end: int) -> Tensor | None:
         """Uncropped samples ``h s + to_skip .. end - 1`` over ``window`` (None: none), skipping the crop."""
@@ -484,10 +467,12 @@ class StreamingDACDecoder:
     ``fp16_autocast`` says otherwise.  Call :meth:`reset` to start a new stream (e.g. after
     cancelling one).
 
-    **CUDA graphs** (``cuda_graphs=True``, CUDA only).  A push has static shapes given the frames
-    pushed before it (or just its size, once the stream is steady) and the stages keep their state
-    at fixed addresses, so pushes and the flush are captured into CUDA graphs keyed by that point of
-    the stream, the batch and push sizes, the input kind and the numeric mode.  The second time a
+    **CUDA graphs** (``cuda_graphs=True``, CUDA only).  The stages keep each state tensor in a buffer
+    of theirs per shape, so a push's addresses and shapes follow from the shapes of the state before
+    it and its own size: pushes and the flush are captured into CUDA graphs keyed by the state's
+    shapes (and int values), the batch and push sizes, the input kind and the numeric mode.  (Once
+    every layer holds its full context, the state's shapes stop changing with the push sizes: a
+    steady push of a size is one key.)  The second time a
     key occurs its push runs eagerly (the warm-up) and is then captured on the caller's current
     stream (a private one if that is the legacy default stream, where capture is impossible); from
     the third on it is replayed: the codes copied in, one graph launch, the audio copied out.  The
@@ -619,27 +604,13 @@ class StreamingDACDecoder:
         return _run(self._stages, self.dac.codes_to_latent(x) if kind == "codes" else x)
 
     def _call(self, kind: str, x: Tensor | None) -> Tensor | None:
-        """:meth:`_forward`, replayed from a CUDA graph where one was captured for this point."""
+        """:meth:`_forward`, replayed from a CUDA graph where one was captured for this state and input."""
         device = self._device
         if not self._graphs_on(device):
             return self._forward(kind, x)
         if self._stream is None:
             self._stream = torch.cuda.current_stream(device)
-        # The shapes of a push depend on the frames pushed so far, until the first audio is out.
-        point = -1 if self.samples_emitted else self.frames_pushed
-        key = (
-            kind,
-            point,
-            self._batch,
-            None if x is None else (tuple(x.shape), x.dtype),
-            device,
-            torch.is_autocast_enabled("cuda"),
-            torch.get_autocast_dtype("cuda"),
-            self._params.dtype,
-            torch.backends.cudnn.allow_tf32,
-            torch.backends.cudnn.deterministic,
-            torch.backends.cuda.matmul.allow_tf32,
-        )
+        key = self._graph_key(kind, x)
         captured = self._graphs.get(key)
         if captured is not None:
             if x is not None:
@@ -658,6 +629,28 @@ class StreamingDACDecoder:
         else:
             self._graphs[key] = captured
         return out
+
+    def _graph_key(self, kind: str, x: Tensor | None) -> tuple:
+        """What a captured push or flush is valid for: the state's shapes (each tensor's is the buffer a static
+        stage keeps it in) and int values, the input's shape and the numeric mode."""
+        state = tuple(
+            tuple(v.shape) if isinstance(v, Tensor) else v
+            for stage in self._all_stages()
+            for v in (getattr(stage, a) for a in stage.state_attrs)
+        )
+        return (
+            kind,
+            state,
+            self._batch,
+            None if x is None else (tuple(x.shape), x.dtype),
+            self._device,
+            torch.is_autocast_enabled("cuda"),
+            torch.get_autocast_dtype("cuda"),
+            self._params.dtype,
+            torch.backends.cudnn.allow_tf32,
+            torch.backends.cudnn.deterministic,
+            torch.backends.cuda.matmul.allow_tf32,
+        )
 
     def _snapshot(self) -> list[tuple[_Stage, dict]]:
         return [(s, {a: getattr(s, a) for a in s.state_attrs}) for s in self._all_stages() if s.state_attrs]

@@ -2,11 +2,14 @@
 44.1 kHz decoder (random weights, fp16 autocast, CUDA-graph replays as in generate), kernels grouped by what
 they do, in µs per push; and the one-shot decode of the same frames for comparison.
 
-    python3 benchmarks/vocoder_profile.py [--chunks 1,2,8,32] [--pushes 20] [--ops triton,torch] [--sweep]
+    python3 benchmarks/vocoder_profile.py [--chunks 1,2,8,32] [--pushes 20] [--ops triton,torch]
+                                          [--sweep tiles|groups]
 
-``--ops torch`` runs the decoder's convs on cuDNN (Snake stays the Triton kernel).  ``--sweep`` times the
+``--ops torch`` runs the decoder's convs on cuDNN (Snake stays the Triton kernel).  ``--sweep tiles`` times the
 stream and the one-shot decode for each tile configuration of our conv kernels (the same for every layer;
-any fixed one keeps the stream bit-exact, which the table checks), to choose ``_blocks``.
+any fixed one keeps the stream bit-exact, which the table checks), to choose ``_blocks``; ``--sweep groups``
+does the same for the reduction group size (``GROUP_SLICES``, the share of a split-K program), and without
+the split.
 """
 
 from __future__ import annotations
@@ -64,7 +67,7 @@ def summarize(events: list, per: int) -> dict[str, tuple[float, float]]:
 SWEEP = [(co, red, t) for co in (16, 32, 64) for red in (64, 128) for t in (32, 64)]
 
 
-def sweep(codec: DACAutoencoder, chunks: list[int]) -> None:
+def sweep_tiles(codec: DACAutoencoder, chunks: list[int]) -> None:
     """Stream and one-shot cost per tile configuration, with the count of streamed samples that differ."""
     default = kernels._blocks
     rows = []
@@ -80,6 +83,24 @@ def sweep(codec: DACAutoencoder, chunks: list[int]) -> None:
     finally:
         kernels._blocks = default
     print(table(rows, "Tile configurations of the vocoder conv kernels (every layer alike; 256 frames, fp16)"))
+
+
+GROUP_SWEEP = [4, 8, 16, 32, None]  # slices per reduction group; None: no split-K launches
+
+
+def sweep_groups(codec: DACAutoencoder, chunks: list[int]) -> None:
+    """Stream and one-shot cost per reduction group size, with the count of streamed samples that differ."""
+    default_group, default_split = kernels.GROUP_SLICES, kernels._split
+    rows = []
+    try:
+        for group in GROUP_SWEEP:
+            kernels.GROUP_SLICES = group or default_group
+            kernels._split = default_split if group else (lambda n_groups, tiles, device: False)
+            for row in vocoder_cost(codec, 256, chunks):
+                rows.append({"group slices": group or f"{default_group}, no split", **row})
+    finally:
+        kernels.GROUP_SLICES, kernels._split = default_group, default_split
+    print(table(rows, "Reduction group sizes of the vocoder conv kernels (256 frames, fp16)"))
 
 
 def profile_pushes(codec: DACAutoencoder, chunks: list[int], count: int) -> list[dict]:
@@ -145,14 +166,18 @@ def main() -> None:
     p.add_argument("--chunks", type=chunk_sizes, default="1,2,8,32", help="push sizes in frames, comma-separated")
     p.add_argument("--pushes", type=int, default=20, help="steady pushes profiled per size")
     p.add_argument("--ops", default="triton", choices=["triton", "torch"], help="the decoder convs' implementation")
-    p.add_argument("--sweep", action="store_true", help="time every tile configuration of SWEEP instead")
+    p.add_argument(
+        "--sweep",
+        choices=["tiles", "groups"],
+        help="time every tile configuration of SWEEP, or every group size of GROUP_SWEEP, instead",
+    )
     args = p.parse_args()
 
     torch.manual_seed(0)
     codec = DACAutoencoder(DACConfig(), device="cuda")
     enable_triton_ops()
     if args.sweep:
-        sweep(codec, args.chunks)
+        {"tiles": sweep_tiles, "groups": sweep_groups}[args.sweep](codec, args.chunks)
         return
     with contextlib.ExitStack() as stack:
         if args.ops == "torch":

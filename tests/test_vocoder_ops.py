@@ -174,6 +174,49 @@ def test_windows_equal_the_one_shot_call_bit_for_bit(target, dtype):
         assert torch.equal(part, up[..., 8 * lo : 8 * hi])
 
 
+SPLIT_CASES = [
+    # (c_in, c_out, k, dilation, t, tanh): several reduction groups, the last one ragged
+    (300, 40, 7, 3, 5, False),  # 38 slices of 8 channels (the last one 4): groups of 16, 16, 6
+    (1100, 24, 1, 1, 9, True),  # kernel 1: 18 slices of 64 channels, with tanh
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_split_reduction_equals_one_program_bit_for_bit(target, dtype, monkeypatch):
+    """A call with few output tiles sums its reduction groups in parallel programs, merged by the last to
+    finish; a long call sums them in one program.  Both give the same samples, bit for bit, and the split's
+    counts are back to zero after each launch (a second launch is right too)."""
+    fast, device = target
+    _interpreter_limits(device, dtype)
+    outs = {}
+    for split in (True, False):
+        monkeypatch.setattr(fast, "_split", lambda n_groups, tiles, device, split=split: split and n_groups > 1)
+        for c_in, c_out, k, d, t, tanh in SPLIT_CASES:
+            if device.type == "cpu" and tanh:
+                tanh = False  # the interpreter has no libdevice
+            x, _, w, b = _conv_inputs(c_in, c_out, k, t + (k - 1) * d, 0, device, dtype, seed=c_in)
+            res = _randn(2, c_out, t, device=device, dtype=dtype, seed=5)
+            for rep in range(2):
+                _poison(device)
+                y = fast.conv1d(x, w, b, dilation=d, residual=res, tanh=tanh, dtype=dtype)
+                outs.setdefault((split, c_in), []).append(y)
+            _within_torch_error(y, reference.conv1d(x, w, b, dilation=d, residual=res, tanh=tanh, dtype=dtype),
+                                reference.conv1d(x.double(), w.double(), b.double(), dilation=d,
+                                                 residual=res.double(), tanh=tanh, dtype=torch.float64))
+        # A transposed conv: 600 channels × 2 inputs per output, 19 slices of 32 channels.
+        x, _, w, b = _conv_inputs(600, 24, 16, 3, 0, device, dtype, seed=9)
+        w = w.reshape(600, 24, 16)
+        for rep in range(2):
+            _poison(device)
+            outs.setdefault((split, "t"), []).append(fast.conv_transpose1d(x, w, b, stride=8, start=4, dtype=dtype))
+    for key, split_outs in outs.items():
+        if key[0]:
+            for a, b in zip(split_outs, outs[(False, key[1])]):
+                assert not a.isnan().any() and torch.equal(a, b)
+    if fast._counts:
+        assert not fast._counts[device].any()
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
 def test_sequence_tail_in_place_and_growing(target, dtype):
     fast, device = target

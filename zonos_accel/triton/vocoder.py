@@ -10,11 +10,19 @@ samples bit for bit.  (cuDNN picks its algorithm by input length: its 16-bit str
 one-shot on an H200.)  A transposed conv runs as ``stride`` phase convs: output sample ``u = q s + r`` sums
 taps ``r + m s`` of inputs ``q - m``.
 
+The reduction is summed in groups of ``GROUP_SLICES`` slices (fixed per layer shape), each from zero, and the
+groups' sums are added in order.  A call with few output tiles (a streaming push) runs the groups of a tile in
+parallel programs and the one that finishes last adds them (split-K, one launch); a long call runs them one
+after another in one program.  Both add the same numbers in the same order, so the split changes the time,
+not the samples.
+
 Snake stays a launch of its own (:mod:`.snake`): applied as a conv loaded its input, it was recomputed for
 every tap and channel tile, which made these kernels 5x slower than cuDNN one-shot (H200).
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import triton
@@ -25,6 +33,7 @@ from zonos.ops import vocoder as reference
 
 _TL_DTYPES = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
 REDUCE = 64  # reduction elements (input channels × padded taps) per tensor-core step
+GROUP_SLICES = 16  # reduction slices per group (a split-K program's share)
 
 
 @triton.jit
@@ -48,9 +57,10 @@ def _load_input(x_ptr, T_x, b, ci, ok, pos, s_xb, s_xc, s_xt, COMPUTE: tl.conste
 
 
 @triton.jit
-def _slice(x_ptr, w_ptr, T_x, C_in, b, ci, tap, pos, co, co_ok, s_xb, s_xc, s_xt, s_wo, s_wi, s_wk, K, COMPUTE):
-    """(weights, inputs) of one reduction slice: input channels ``ci`` at taps ``tap`` and samples ``pos``."""
-    ok = (ci < C_in) & (tap < K)
+def _slice(x_ptr, w_ptr, T_x, ci_end, b, ci, tap, pos, co, co_ok, s_xb, s_xc, s_xt, s_wo, s_wi, s_wk, K, COMPUTE):
+    """(weights, inputs) of one reduction slice: input channels ``ci`` (below ``ci_end``) at taps ``tap`` and
+    samples ``pos``."""
+    ok = (ci < ci_end) & (tap < K)
     v = _load_input(x_ptr, T_x, b, ci[:, None], ok[:, None], pos, s_xb, s_xc, s_xt, COMPUTE)
     w = tl.load(
         w_ptr + co[:, None] * s_wo + ci[None, :] * s_wi + tap[None, :] * s_wk,
@@ -62,20 +72,76 @@ def _slice(x_ptr, w_ptr, T_x, C_in, b, ci, tap, pos, co, co_ok, s_xb, s_xc, s_xt
 
 @triton.jit
 def _reduce(
-    acc, x_ptr, w_ptr, T_x, C_in, b, ci, tap, pos, co, co_ok, s_xb, s_xc, s_xt, s_wo, s_wi, s_wk,
-    K: tl.constexpr, BLOCK_CI: tl.constexpr, COMPUTE: tl.constexpr, PRECISION: tl.constexpr,
+    x_ptr, w_ptr, T_x, ci_first, ci_end, b, ci, tap, pos, co, co_ok, s_xb, s_xc, s_xt, s_wo, s_wi, s_wk,
+    K: tl.constexpr, BLOCK_CO: tl.constexpr, BLOCK_CI: tl.constexpr, BLOCK_T: tl.constexpr,
+    COMPUTE: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
-    """``acc`` plus the sum over all input channels, in slices of ``BLOCK_CI`` channels in channel order (the
-    fixed order that makes every output the same sum); each slice is loaded one iteration ahead of its dot, so
-    the loads overlap the previous one."""
-    w, v = _slice(x_ptr, w_ptr, T_x, C_in, b, ci, tap, pos, co, co_ok, s_xb, s_xc, s_xt, s_wo, s_wi, s_wk, K, COMPUTE)
-    for ci0 in range(BLOCK_CI, C_in + BLOCK_CI, BLOCK_CI):
+    """The sum over input channels ``ci_first .. ci_end - 1`` from zero, in slices of ``BLOCK_CI`` channels in
+    channel order; each slice is loaded one iteration ahead of its dot, so the loads overlap the previous one."""
+    acc = tl.zeros((BLOCK_CO, BLOCK_T), dtype=tl.float32)
+    w, v = _slice(
+        x_ptr, w_ptr, T_x, ci_end, b, ci_first + ci, tap, pos, co, co_ok, s_xb, s_xc, s_xt, s_wo, s_wi, s_wk, K, COMPUTE
+    )
+    for ci0 in range(ci_first + BLOCK_CI, ci_end + BLOCK_CI, BLOCK_CI):
         w_next, v_next = _slice(
-            x_ptr, w_ptr, T_x, C_in, b, ci0 + ci, tap, pos, co, co_ok, s_xb, s_xc, s_xt, s_wo, s_wi, s_wk, K, COMPUTE
+            x_ptr, w_ptr, T_x, ci_end, b, ci0 + ci, tap, pos, co, co_ok, s_xb, s_xc, s_xt, s_wo, s_wi, s_wk, K, COMPUTE
         )
         acc = tl.dot(w, v, acc, input_precision=PRECISION)
         w, v = w_next, v_next
     return acc
+
+
+@triton.jit
+def _sum(
+    x_ptr, w_ptr, part_ptr, count_ptr, tile, group, n_groups, T_x, C_in, b, ci, tap, pos, co, co_ok,
+    s_xb, s_xc, s_xt, s_wo, s_wi, s_wk,
+    K: tl.constexpr, BLOCK_CO: tl.constexpr, BLOCK_CI: tl.constexpr, BLOCK_T: tl.constexpr, GROUP: tl.constexpr,
+    SPLIT: tl.constexpr, COMPUTE: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    """(sum, whether this program stores it): the groups' sums (each of ``GROUP`` slices, from zero)
+    added in group order.  With ``SPLIT`` this program sums group ``group`` of the ``tile`` and publishes it;
+    the program that finishes the tile's last group adds them all."""
+    group_ci = GROUP * BLOCK_CI
+    total = tl.zeros((BLOCK_CO, BLOCK_T), dtype=tl.float32)
+    if SPLIT:
+        first = group * group_ci
+        part = _reduce(
+            x_ptr, w_ptr, T_x, first, tl.minimum(first + group_ci, C_in), b, ci, tap, pos, co, co_ok,
+            s_xb, s_xc, s_xt, s_wo, s_wi, s_wk, K, BLOCK_CO, BLOCK_CI, BLOCK_T, COMPUTE, PRECISION,
+        )  # fmt: skip
+        cell = tl.arange(0, BLOCK_CO)[:, None] * BLOCK_T + tl.arange(0, BLOCK_T)[None, :]
+        parts = part_ptr + tile.to(tl.int64) * n_groups * BLOCK_CO * BLOCK_T
+        tl.store(parts + group * BLOCK_CO * BLOCK_T + cell, part)
+        # The atomic orders this program's stores before its count (release) and the last count before that
+        # program's loads (acquire); the last program resets the count for the next launch.
+        arrived = tl.atomic_add(count_ptr + tile, 1, sem="acq_rel", scope="gpu")
+        last = arrived == n_groups - 1
+        if last:
+            for g in range(0, n_groups):
+                total += tl.load(parts + g * BLOCK_CO * BLOCK_T + cell, cache_modifier=".cg")
+            tl.atomic_xchg(count_ptr + tile, 0, sem="relaxed", scope="gpu")
+    else:
+        last = True
+        for first in range(0, C_in, group_ci):
+            total += _reduce(
+                x_ptr, w_ptr, T_x, first, tl.minimum(first + group_ci, C_in), b, ci, tap, pos, co, co_ok,
+                s_xb, s_xc, s_xt, s_wo, s_wi, s_wk, K, BLOCK_CO, BLOCK_CI, BLOCK_T, COMPUTE, PRECISION,
+            )  # fmt: skip
+    return total, last
+
+
+@triton.jit
+def _batch_and_group(n_groups, SPLIT: tl.constexpr):
+    """The grid's third axis: the batch row (× phase) and, with ``SPLIT``, the reduction group."""
+    if SPLIT:
+        return (tl.program_id(2) // n_groups).to(tl.int64), tl.program_id(2) % n_groups
+    return tl.program_id(2).to(tl.int64), 0
+
+
+@triton.jit
+def _tile(row):
+    """This program's output tile, numbered over the grid (what a split's partials and count are filed by)."""
+    return (row * tl.num_programs(1) + tl.program_id(1)) * tl.num_programs(0) + tl.program_id(0)
 
 
 @triton.jit
@@ -88,25 +154,24 @@ def _epilogue(acc, b_ptr, s_b, co, co_ok, HAS_BIAS: tl.constexpr, COMPUTE: tl.co
 
 @triton.jit
 def _conv_kernel(
-    x_ptr, w_ptr, b_ptr, r_ptr, rh_ptr, out_ptr,
-    C_in, C_out, T_x, n_out, offset, dilation, T_r, H_r, res_offset,
+    x_ptr, w_ptr, b_ptr, r_ptr, rh_ptr, out_ptr, part_ptr, count_ptr,
+    C_in, C_out, T_x, n_out, offset, dilation, T_r, H_r, res_offset, n_groups,
     s_xb, s_xc, s_xt, s_wo, s_wi, s_wk, s_b,
     s_rb, s_rc, s_rt, s_rhb, s_rhc, s_rht, s_ob, s_oc, s_ot,
     K: tl.constexpr, KP: tl.constexpr, BLOCK_CO: tl.constexpr, BLOCK_CI: tl.constexpr, BLOCK_T: tl.constexpr,
-    HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, TANH: tl.constexpr,
+    HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, TANH: tl.constexpr, GROUP: tl.constexpr, SPLIT: tl.constexpr,
     COMPUTE: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     co = tl.program_id(1) * BLOCK_CO + tl.arange(0, BLOCK_CO)
-    b = tl.program_id(2).to(tl.int64)
+    b, group = _batch_and_group(n_groups, SPLIT)
     co_ok = co < C_out
     r = tl.arange(0, BLOCK_CI * KP)  # reduction index: input channel r // KP, tap r % KP
     tap = r % KP
     pos = t[None, :] + (tap * dilation + offset)[:, None]
-    acc = tl.zeros((BLOCK_CO, BLOCK_T), dtype=tl.float32)
-    acc = _reduce(
-        acc, x_ptr, w_ptr, T_x, C_in, b, r // KP, tap, pos, co, co_ok, s_xb, s_xc, s_xt, s_wo, s_wi, s_wk,
-        K, BLOCK_CI, COMPUTE, PRECISION,
+    acc, last = _sum(
+        x_ptr, w_ptr, part_ptr, count_ptr, _tile(b), group, n_groups, T_x, C_in, b, r // KP, tap, pos, co, co_ok,
+        s_xb, s_xc, s_xt, s_wo, s_wi, s_wk, K, BLOCK_CO, BLOCK_CI, BLOCK_T, GROUP, SPLIT, COMPUTE, PRECISION,
     )  # fmt: skip
     y = _epilogue(acc, b_ptr, s_b, co, co_ok, HAS_BIAS, COMPUTE)
     if HAS_RES:
@@ -117,36 +182,37 @@ def _conv_kernel(
         y = (y.to(tl.float32) + res).to(COMPUTE)
     if TANH:
         y = libdevice.tanh(y.to(tl.float32)).to(COMPUTE)
-    mask = co_ok[:, None] & (t < n_out)[None, :]
+    mask = co_ok[:, None] & (t < n_out)[None, :] & last
     tl.store(out_ptr + b * s_ob + co[:, None].to(tl.int64) * s_oc + t[None, :] * s_ot, y, mask=mask)
 
 
 @triton.jit
 def _conv_transpose_kernel(
-    x_ptr, w_ptr, b_ptr, out_ptr,
-    C_in, C_out, T_x, stride, start, length, q_first, n_q,
+    x_ptr, w_ptr, b_ptr, out_ptr, part_ptr, count_ptr,
+    C_in, C_out, T_x, stride, start, length, q_first, n_q, n_groups,
     s_xb, s_xc, s_xt, s_wi, s_wo, s_wk, s_b, s_ob, s_oc, s_ot,
     K: tl.constexpr, MP: tl.constexpr, BLOCK_CO: tl.constexpr, BLOCK_CI: tl.constexpr, BLOCK_Q: tl.constexpr,
-    HAS_BIAS: tl.constexpr, COMPUTE: tl.constexpr, PRECISION: tl.constexpr,
+    HAS_BIAS: tl.constexpr, GROUP: tl.constexpr, SPLIT: tl.constexpr, COMPUTE: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):  # fmt: skip
     qi = tl.program_id(0) * BLOCK_Q + tl.arange(0, BLOCK_Q)
     q = q_first + qi
     co = tl.program_id(1) * BLOCK_CO + tl.arange(0, BLOCK_CO)
-    phase = tl.program_id(2) % stride
-    b = (tl.program_id(2) // stride).to(tl.int64)
+    row, group = _batch_and_group(n_groups, SPLIT)  # row: batch row × stride + phase
+    phase = row % stride
+    b = row // stride
     co_ok = co < C_out
     r = tl.arange(0, BLOCK_CI * MP)  # reduction index: input channel r // MP, input q - r % MP
     m = r % MP
     tap = phase + m * stride
     pos = q[None, :] - m[:, None]
-    acc = tl.zeros((BLOCK_CO, BLOCK_Q), dtype=tl.float32)
-    acc = _reduce(
-        acc, x_ptr, w_ptr, T_x, C_in, b, r // MP, tap, pos, co, co_ok, s_xb, s_xc, s_xt, s_wo, s_wi, s_wk,
-        K, BLOCK_CI, COMPUTE, PRECISION,
+    acc, last = _sum(
+        x_ptr, w_ptr, part_ptr, count_ptr, _tile(row), group, n_groups, T_x, C_in, b, r // MP, tap, pos, co, co_ok,
+        s_xb, s_xc, s_xt, s_wo, s_wi, s_wk, K, BLOCK_CO, BLOCK_CI, BLOCK_Q, GROUP, SPLIT, COMPUTE, PRECISION,
     )  # fmt: skip
     y = _epilogue(acc, b_ptr, s_b, co, co_ok, HAS_BIAS, COMPUTE)
     t = q * stride + phase - start
-    mask = co_ok[:, None] & ((qi < n_q) & (t >= 0) & (t < length))[None, :]
+    mask = co_ok[:, None] & ((qi < n_q) & (t >= 0) & (t < length))[None, :] & last
     tl.store(out_ptr + b * s_ob + co[:, None].to(tl.int64) * s_oc + t[None, :] * s_ot, y, mask=mask)
 
 
@@ -194,6 +260,40 @@ def _blocks(c_out: int, taps: int) -> tuple[int, int, int, int]:
     kp = triton.next_power_of_2(taps)
     block_co = 16 if c_out >= 512 else 32
     return block_co, max(1, REDUCE // kp), 64, 4
+
+
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 132  # Triton's interpreter: as on an H200
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _split(n_groups: int, tiles: int, device: torch.device) -> bool:
+    """Whether a call runs its reduction groups in parallel programs: when its output tiles alone leave SMs
+    idle (a streaming push).  Either way the sums are the same."""
+    return n_groups > 1 and tiles < _sm_count(device)
+
+
+# Per device: each tile's count of finished groups, zero between launches (the last program resets it).  Kept
+# for good, as captured CUDA graphs hold their address.  Launches on one device share them, so split launches
+# must not run concurrently on two CUDA streams (the decoder's run one after another on one stream).
+_counts: dict[torch.device, torch.Tensor] = {}
+
+
+def _split_buffers(
+    tiles: int, n_groups: int, block_co: int, block_t: int, like: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(partial sums, counts) of a split launch."""
+    counts = _counts.get(like.device)
+    if counts is None:
+        counts = _counts[like.device] = torch.zeros(1024, dtype=torch.int32, device=like.device)
+    assert tiles <= counts.numel()  # split launches have fewer tiles than SMs
+    parts = torch.empty(tiles * n_groups * block_co * block_t, dtype=torch.float32, device=like.device)
+    return parts, counts
+
+
+def _groups(c_in: int, block_ci: int) -> int:
+    return triton.cdiv(triton.cdiv(c_in, block_ci), GROUP_SLICES)
 
 
 def _precision(dtype: torch.dtype) -> str:
@@ -246,12 +346,15 @@ def conv1d(
     block_co, block_ci, block_t, warps = _blocks(c_out, k)
     b_ptr, s_b = _bias_args(bias, weight)
     grid = (triton.cdiv(n_out, block_t), triton.cdiv(c_out, block_co), batch)
-    _conv_kernel[grid](
-        x, weight, b_ptr, residual, rh, out,
-        c_in, c_out, n, n_out, -padding, dilation, residual.shape[-1], H_r, residual_offset,
+    n_groups = _groups(c_in, block_ci)
+    split = _split(n_groups, math.prod(grid), x.device)
+    parts, counts = _split_buffers(math.prod(grid), n_groups, block_co, block_t, x) if split else (out, out)
+    _conv_kernel[(grid[0], grid[1], grid[2] * (n_groups if split else 1))](
+        x, weight, b_ptr, residual, rh, out, parts, counts,
+        c_in, c_out, n, n_out, -padding, dilation, residual.shape[-1], H_r, residual_offset, n_groups,
         *x.stride(), *weight.stride(), s_b, *residual.stride(), *rh.stride(), *out.stride(),
         K=k, KP=triton.next_power_of_2(k), BLOCK_CO=block_co, BLOCK_CI=block_ci, BLOCK_T=block_t,
-        HAS_BIAS=bias is not None, HAS_RES=rh is not out, TANH=tanh,
+        HAS_BIAS=bias is not None, HAS_RES=rh is not out, TANH=tanh, GROUP=GROUP_SLICES, SPLIT=split,
         COMPUTE=_TL_DTYPES[dtype], PRECISION=_precision(dtype), num_warps=warps,
     )  # fmt: skip
     return out
@@ -287,12 +390,16 @@ def conv_transpose1d(
     n_q = (start + length - 1) // stride - q_first + 1
     b_ptr, s_b = _bias_args(bias, weight)
     grid = (triton.cdiv(n_q, block_q), triton.cdiv(c_out, block_co), batch * stride)
-    _conv_transpose_kernel[grid](
-        x, weight, b_ptr, out,
-        c_in, c_out, n, stride, start, length, q_first, n_q,
+    n_groups = _groups(c_in, block_ci)
+    split = _split(n_groups, math.prod(grid), x.device)
+    parts, counts = _split_buffers(math.prod(grid), n_groups, block_co, block_q, x) if split else (out, out)
+    _conv_transpose_kernel[(grid[0], grid[1], grid[2] * (n_groups if split else 1))](
+        x, weight, b_ptr, out, parts, counts,
+        c_in, c_out, n, stride, start, length, q_first, n_q, n_groups,
         *x.stride(), *weight.stride(), s_b, *out.stride(),
         K=k, MP=mp, BLOCK_CO=block_co, BLOCK_CI=block_ci, BLOCK_Q=block_q,
-        HAS_BIAS=bias is not None, COMPUTE=_TL_DTYPES[dtype], PRECISION=_precision(dtype), num_warps=warps,
+        HAS_BIAS=bias is not None, GROUP=GROUP_SLICES, SPLIT=split, COMPUTE=_TL_DTYPES[dtype], PRECISION=_precision(dtype),
+        num_warps=warps,
     )  # fmt: skip
     return out
 

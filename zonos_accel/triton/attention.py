@@ -108,11 +108,12 @@ def _decode_kernel(
             # Split-K: publish this split's partials, then the split that arrives last merges them all (one
             # launch instead of a second merge kernel). The atomic orders the partial stores before the count
             # (release) and the last split's count before its loads (acquire); it resets the count for the
-            # next call.
+            # next call. The barrier puts every warp's stores before the count, which one thread makes.
             row = (bh * n_splits + split) * G + g  # partials laid out (b, kv_heads, splits, G, ...)
             tl.store(acc_ptr + row[:, None] * DP + d[None, :], acc, mask=g_ok[:, None])
             tl.store(ml_ptr + row * 2, m, mask=g_ok)
             tl.store(ml_ptr + row * 2 + 1, l, mask=g_ok)
+            tl.debug_barrier()
             arrived = tl.atomic_add(count_ptr + bh, 1, sem="acq_rel", scope="gpu")
             if arrived == active - 1:
                 m_all = tl.full((GP,), float("-inf"), tl.float32)

@@ -112,8 +112,10 @@ def _sum(
         cell = tl.arange(0, BLOCK_CO)[:, None] * BLOCK_T + tl.arange(0, BLOCK_T)[None, :]
         parts = part_ptr + tile.to(tl.int64) * n_groups * BLOCK_CO * BLOCK_T
         tl.store(parts + group * BLOCK_CO * BLOCK_T + cell, part)
-        # The atomic orders this program's stores before its count (release) and the last count before that
-        # program's loads (acquire); the last program resets the count for the next launch.
+        # The barrier puts every warp's stores before the count, which one thread makes; the atomic orders
+        # them before it (release) and the last count before that program's loads (acquire).  The last
+        # program resets the count for the next launch.
+        tl.debug_barrier()
         arrived = tl.atomic_add(count_ptr + tile, 1, sem="acq_rel", scope="gpu")
         last = arrived == n_groups - 1
         if last:

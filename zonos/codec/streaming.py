@@ -36,8 +36,9 @@ input sample per transposed-conv call (its history, recomputed so that every out
 in the one-shot decode: ~3% more work at 1-frame pushes; a test counts them).  The state is each conv's last
 ``(k - 1) d`` inputs (Snake's outputs), each transposed conv's last input and each residual unit's raw
 inputs whose output is not final yet.  What small chunks add is per-call cost: on CUDA the pushes are
-replayed from CUDA graphs (see :class:`StreamingDACDecoder`), and a steady push still takes ~1.6 ms of GPU
-time on an H200 at 1 frame, ~0.8 ms at 2 (``benchmarks/streaming.py``, docs/BENCHMARKS.md).
+replayed from CUDA graphs (see :class:`StreamingDACDecoder`), and a steady push of 1 or 2 frames still takes
+~0.9 ms of GPU time on an H200, ~100 launches of a few µs each (``benchmarks/streaming.py``,
+docs/BENCHMARKS.md).
 
 Exactness: every output sample is computed by the same sums of the same products as in the one-shot
 decode, so the stream equals it exactly wherever each conv kernel's summation order does not depend on

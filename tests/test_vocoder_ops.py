@@ -196,17 +196,27 @@ def test_split_reduction_equals_one_program_bit_for_bit(target, dtype, monkeypat
                 tanh = False  # the interpreter has no libdevice
             x, _, w, b = _conv_inputs(c_in, c_out, k, t + (k - 1) * d, 0, device, dtype, seed=c_in)
             res = _randn(2, c_out, t, device=device, dtype=dtype, seed=5)
-            for rep in range(2):
+            for _ in range(2):
                 _poison(device)
                 y = fast.conv1d(x, w, b, dilation=d, residual=res, tanh=tanh, dtype=dtype)
                 outs.setdefault((split, c_in), []).append(y)
-            _within_torch_error(y, reference.conv1d(x, w, b, dilation=d, residual=res, tanh=tanh, dtype=dtype),
-                                reference.conv1d(x.double(), w.double(), b.double(), dilation=d,
-                                                 residual=res.double(), tanh=tanh, dtype=torch.float64))
+            _within_torch_error(
+                y,
+                reference.conv1d(x, w, b, dilation=d, residual=res, tanh=tanh, dtype=dtype),
+                reference.conv1d(
+                    x.double(),
+                    w.double(),
+                    b.double(),
+                    dilation=d,
+                    residual=res.double(),
+                    tanh=tanh,
+                    dtype=torch.float64,
+                ),
+            )
         # A transposed conv: 600 channels × 2 inputs per output, 19 slices of 32 channels.
         x, _, w, b = _conv_inputs(600, 24, 16, 3, 0, device, dtype, seed=9)
         w = w.reshape(600, 24, 16)
-        for rep in range(2):
+        for _ in range(2):
             _poison(device)
             outs.setdefault((split, "t"), []).append(fast.conv_transpose1d(x, w, b, stride=8, start=4, dtype=dtype))
     for key, split_outs in outs.items():

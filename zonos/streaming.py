@@ -81,6 +81,7 @@ def stream_chunks(
         nonlocal pushed, samples
         codes = torch.cat(ready, dim=-1) if ready else None
         ready.clear()
+
         def run() -> torch.Tensor:
             parts = [decoder.push(codes)] if codes is not None else []
             if final:

@@ -118,10 +118,11 @@ class _Stage:
     input samples, ``stride * m - right`` output samples are final.
 
     The state is the attributes named in ``state_attrs``: tensors, whose shapes depend only on the
-    sizes of the pushes so far, and ints.  With ``static`` set (the decoder sets it on CUDA, for its CUDA graphs), every state tensor is
-    kept in a buffer of this stage that is reused for every state of the same shape, updated in
-    place (:meth:`_empty`): two pushes of one size from states of the same shapes read and write the
-    same addresses, and a CUDA graph captured from one replays the other.
+    sizes of the pushes so far, and ints.  With ``static`` set (the decoder sets it on CUDA, for its
+    CUDA graphs), every state tensor is kept in a buffer of this stage that is reused for every state
+    of the same attribute and shape, updated in place (:meth:`_empty`): two pushes of one size from
+    states of the same shapes read and write the same addresses, and a CUDA graph captured from one
+    replays the other.
     """
 
     stride: int = 1
@@ -472,8 +473,8 @@ class StreamingDACDecoder:
     of theirs per shape, so a push's addresses and shapes follow from the shapes of the state before
     it and its own size: pushes and the flush are captured into CUDA graphs keyed by the state's
     shapes (and int values), the batch and push sizes, the input kind and the numeric mode.  (Once
-    every layer holds its full context, the state's shapes stop changing with the push sizes: a
-    steady push of a size is one key.)  The second time a
+    every layer holds its full context, the state's shapes depend only on the previous push's size:
+    repeated pushes of one size share a key.)  The second time a
     key occurs its push runs eagerly (the warm-up) and is then captured on the caller's current
     stream (a private one if that is the legacy default stream, where capture is impossible); from
     the third on it is replayed: the codes copied in, one graph launch, the audio copied out.  The

@@ -400,8 +400,8 @@ def conv_transpose1d(
         c_in, c_out, n, stride, start, length, q_first, n_q, n_groups,
         *x.stride(), *weight.stride(), s_b, *out.stride(),
         K=k, MP=mp, BLOCK_CO=block_co, BLOCK_CI=block_ci, BLOCK_Q=block_q,
-        HAS_BIAS=bias is not None, GROUP=GROUP_SLICES, SPLIT=split, COMPUTE=_TL_DTYPES[dtype], PRECISION=_precision(dtype),
-        num_warps=warps,
+        HAS_BIAS=bias is not None, GROUP=GROUP_SLICES, SPLIT=split, COMPUTE=_TL_DTYPES[dtype],
+        PRECISION=_precision(dtype), num_warps=warps,
     )  # fmt: skip
     return out
 

@@ -3,13 +3,13 @@
 they do, in µs per push; and the one-shot decode of the same frames for comparison.
 
     python3 benchmarks/vocoder_profile.py [--chunks 1,2,8,32] [--pushes 20] [--ops triton,torch]
-                                          [--sweep tiles|groups]
+                                          [--sweep tiles|groups] [--layers]
 
 ``--ops torch`` runs the decoder's convs on cuDNN (Snake stays the Triton kernel).  ``--sweep tiles`` times the
 stream and the one-shot decode for each tile configuration of our conv kernels (the same for every layer;
 any fixed one keeps the stream bit-exact, which the table checks), to choose ``_blocks``; ``--sweep groups``
 does the same for the reduction group size (``GROUP_SLICES``, the share of a split-K program), and without
-the split.
+the split.  ``--layers`` lists the GPU time of each conv layer (our kernels), per push and one-shot.
 """
 
 from __future__ import annotations
@@ -103,6 +103,52 @@ def sweep_groups(codec: DACAutoencoder, chunks: list[int]) -> None:
     print(table(rows, "Reduction group sizes of the vocoder conv kernels (256 frames, fp16)"))
 
 
+def conv_layer_names(codec: DACAutoencoder) -> list[str]:
+    """The decoder's convs in launch order: the codebooks' projection, then the decoder's layers."""
+    names = ["codebooks -> latent", "conv1"]
+    for b, _ in enumerate(codec.dac.decoder.block, 1):
+        names.append(f"block {b} upsample")
+        names += [f"block {b} res {r} conv{c}" for r in (1, 2, 3) for c in (1, 2)]
+    return names + ["conv2 (tanh)"]
+
+
+def conv_times(events: list, layers: int) -> list[float]:
+    """Mean µs of each conv layer over the pushes (or decodes) in ``events``."""
+    convs = sorted((e for e in events if re.search(r"_conv_kernel|_conv_transpose_kernel", e.name)),
+                   key=lambda e: e.time_range.start)  # fmt: skip
+    if not convs or len(convs) % layers:
+        raise RuntimeError(f"{len(convs)} conv kernels are not a whole number of {layers}-layer calls")
+    calls = len(convs) // layers
+    return [sum(e.device_time_total for e in convs[i::layers]) / calls for i in range(layers)]
+
+
+def profile_layers(codec: DACAutoencoder, chunks: list[int], count: int) -> list[dict]:
+    """Rows of µs per conv layer: a steady push of each size, and the one-shot decode per frame."""
+    names = conv_layer_names(codec)
+    columns = {}
+    for chunk in chunks:
+        warm = (-(-16 // chunk) + 2) * chunk  # past the first audio (10 frames), then the steady push twice
+        codes = torch.randint(0, 1024, (1, 9, warm + count * chunk), device="cuda")
+        dec = StreamingDACDecoder(codec)
+        for s in range(0, warm, chunk):
+            dec.push(codes[..., s : s + chunk])
+
+        def steady(dec=dec, codes=codes, chunk=chunk, warm=warm):
+            for i in range(count):
+                dec.push(codes[..., warm + i * chunk : warm + (i + 1) * chunk])
+
+        columns[f"push of {chunk} µs"] = conv_times(gpu_events(steady), len(names))
+    frames = 256
+    codes = torch.randint(0, 1024, (1, 9, frames), device="cuda")
+    codec.decode(codes)
+    columns[f"one-shot µs per frame ({frames} frames)"] = [
+        us / frames for us in conv_times(gpu_events(lambda: codec.decode(codes)), len(names))
+    ]
+    rows = [{"layer": name, **{k: v[i] for k, v in columns.items()}} for i, name in enumerate(names)]
+    rows.append({"layer": "all convs", **{k: sum(v) for k, v in columns.items()}})
+    return rows
+
+
 def profile_pushes(codec: DACAutoencoder, chunks: list[int], count: int) -> list[dict]:
     """Rows of GPU time per kernel group: steady pushes of each size against the one-shot decode."""
     rows = []
@@ -171,6 +217,7 @@ def main() -> None:
         choices=["tiles", "groups"],
         help="time every tile configuration of SWEEP, or every group size of GROUP_SWEEP, instead",
     )
+    p.add_argument("--layers", action="store_true", help="GPU time of each conv layer instead of kernel groups")
     args = p.parse_args()
 
     torch.manual_seed(0)
@@ -178,6 +225,12 @@ def main() -> None:
     enable_triton_ops()
     if args.sweep:
         {"tiles": sweep_tiles, "groups": sweep_groups}[args.sweep](codec, args.chunks)
+        return
+    if args.layers:
+        if args.ops == "torch":
+            p.error("--layers times our conv kernels; it cannot be combined with --ops torch")
+        print(table(profile_layers(codec, args.chunks, args.pushes), "Vocoder conv layers (ours, fp16, graph replays)"))
+        print(f"\n{torch.cuda.get_device_name()}, torch {torch.__version__}")
         return
     with contextlib.ExitStack() as stack:
         if args.ops == "torch":

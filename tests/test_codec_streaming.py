@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 import zonos.ops
+from tests.replay_on_cpu import emulate_cuda_graphs
 from tests.tiny import TINY_DAC, random_dac_weights
 from zonos.codec import DAC, DACAutoencoder, DACConfig, StreamingDACDecoder, receptive_field
 
@@ -381,6 +382,24 @@ def test_pushes_from_states_of_equal_shapes_touch_equal_buffers(codec, monkeypat
         assert seen.setdefault(key, touched) == touched, "two pushes with one graph key touched different buffers"
         keys.append(key)
     assert len(set(keys[-3:])) == 1, "repeated 1-frame pushes never reached a steady key"
+
+
+@pytest.mark.parametrize("name", ["ones", "odd_growing", "one_then_16s", "sevens"])
+def test_graph_replays_equal_eager_pushes(codec, monkeypatch, name):
+    """The decoder's capture-and-replay logic, with CUDA graphs emulated on the CPU (tests/replay_on_cpu.py): a
+    replay reruns the captured ops on the captured tensors, so a key that admits a push from a state it was not
+    captured from gives wrong samples.  Stream 1 captures its repeated pushes, stream 2 the rest, stream 3
+    replays every call; each equals the eager decoder bit for bit."""
+    emulate_cuda_graphs(monkeypatch)
+    schedule = SCHEDULES[name] + [1] * 6
+    eager = StreamingDACDecoder(codec, cuda_graphs=False)
+    graphed = StreamingDACDecoder(codec)
+    for seed in range(3):
+        codes = random_codes(1, sum(schedule), seed=30 + seed)
+        replays = graphed.graph_replays
+        assert torch.equal(stream(graphed, codes, schedule), stream(eager, codes, schedule)), seed
+    assert graphed.graph_replays - replays == len(schedule) + 1  # the last stream: every push and the flush
+    assert eager.graph_captures == eager.graph_replays == 0
 
 
 def test_a_push_is_one_op_call_per_layer(codec, monkeypatch):

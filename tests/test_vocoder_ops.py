@@ -245,6 +245,33 @@ def test_sequence_tail_in_place_and_growing(target, dtype):
         assert torch.equal(out, expected)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+def test_sequence_tail_makes_stream_windows_bit_for_bit(target, dtype):
+    """A stream layer's next window in one call: the kept history shifted to the front of the window's own buffer,
+    then Snake's outputs for the new samples (bit for bit those of the one-shot decoder's Snake kernel) or the new
+    samples cast; for pushes shorter and longer than the history, and long enough for several blocks of them."""
+    fast, device = target
+    from zonos_accel.triton.snake import snake as fast_snake
+
+    alpha = (torch.rand(37, generator=torch.Generator().manual_seed(1)) * 2 + 0.1).to(device)
+    for kept, n, snake in [(54, 8, True), (54, 54, True), (6, 80, False), (54, 3000, True), (1, 1, True)]:
+        x = _randn(2, 37, n, device=device, dtype=torch.float16, seed=kept + n, scale=3.0)
+        new = fast_snake(x, alpha, dtype) if snake else x.to(dtype)
+        a = alpha if snake else None
+        last = _randn(2, 37, kept + n + 5, device=device, dtype=dtype, seed=n)  # a longer earlier window
+        _poison(device)
+        out = fast.sequence_tail(last, x, kept + n, alpha=a)
+        assert torch.equal(out, torch.cat([last[..., -kept:], new], -1))
+        # In place: the previous window is the same buffer (a repeated push size); its last samples are kept.
+        window = _randn(2, 37, kept + n, device=device, dtype=dtype, seed=n + 1)
+        expected = torch.cat([window[..., -kept:], new], -1)
+        out = fast.sequence_tail(window, x, kept + n, out=window, alpha=a)
+        assert out is window and torch.equal(window, expected)
+        # The reference: the same up to Snake's last bit (the interpreter's sine is numpy's).
+        ref = reference.sequence_tail(last, x, kept + n, alpha=a)
+        assert torch.allclose(ref, torch.cat([last[..., -kept:], new], -1), rtol=2e-3, atol=1e-6)
+
+
 def test_float64_and_bad_arguments_take_the_reference_or_raise(target):
     fast, device = target
     x, hist, w, b = _conv_inputs(8, 8, 7, 12, 3, device, torch.float64, seed=3)
@@ -253,7 +280,9 @@ def test_float64_and_bad_arguments_take_the_reference_or_raise(target):
     with pytest.raises(ValueError, match="does not continue"):
         fast.conv1d(x32, w, b, residual=x32[..., :6], residual_history=hist)  # a float64 history, float32 x
     with pytest.raises(ValueError, match="does not continue"):
-        fast.sequence_tail(hist, x32, 4)
+        fast.sequence_tail(hist, x32[:, :5], 4)
+    with pytest.raises(ValueError, match="alphas"):
+        fast.sequence_tail(hist.float(), x32, 4, alpha=torch.ones(3, device=device))
     with pytest.raises(ValueError, match="too few"):
         fast.conv1d(x32[..., :3], w, b, dilation=3)
     with pytest.raises(ValueError, match="residual"):
@@ -326,6 +355,8 @@ def test_reference_rejects_bad_arguments():
     with pytest.raises(ValueError, match="cannot keep 11"):
         reference.sequence_tail(x[..., :6], x[..., :4], 11)
     with pytest.raises(ValueError, match="does not continue"):
-        reference.sequence_tail(x.double(), x, 3)
+        reference.sequence_tail(x, x[:, :2], 3)
+    # Another dtype is converted to the history's (through Snake with alpha).
+    assert reference.sequence_tail(x.double(), x, 12).dtype == torch.float64
     y = reference.conv1d(x, w, padding=1, residual=x)  # the residual as in a residual unit
     assert torch.allclose(y, torch.nn.functional.conv1d(x, w, padding=1) + x)

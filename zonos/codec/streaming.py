@@ -27,9 +27,10 @@ then each block's transposed conv and the residual units at its input rate, and 
 frames: ``3 + 39 + 1 + 2*39 + 2*2 + 8*39 + 8*4 + 64*39 + 64*4 + 512*3 = 4757``.
 
 Calls: each layer makes the one-shot decoder's :mod:`zonos.ops` calls on ``[history | new]`` windows: a
-``snake`` per Snake (once per sample, in the conv's dtype), a ``conv1d`` or ``conv_transpose1d`` per conv
-(bias, the residual add and the final tanh inside it) and a ``sequence_tail`` per history: ~90 launches per
-steady push (one each on the Triton path).
+``conv1d`` or ``conv_transpose1d`` per conv (bias, the residual add and the final tanh inside it), a
+``sequence_tail`` per conv input window (the kept history, then Snake's outputs for the new samples, in the
+conv's dtype: the same Snake as the one-shot decoder's ``snake``) and per residual unit's pending inputs, and
+a ``snake`` per residual unit's inner Snake: ~73 launches per steady push (one each on the Triton path).
 
 Cost: the convolutions do the one-shot decoder's multiply-accumulates, whatever the chunk sizes, plus one
 input sample per transposed-conv call (its history, recomputed so that every output is a single conv sum as
@@ -177,9 +178,10 @@ class _Windowed(_Stage):
     """A stage whose conv reads ``[history | new]`` windows of its input (Snake's outputs where Snake feeds it).
 
     The state ``window`` is the last window (initially the left padding's zeros); its last ``context`` samples
-    (fewer at the start of a stream) are the next window's history.  A push of ``n`` samples shifts them to the
-    front of an ``history + n`` window (in place when it is the same buffer: every steady push of a size)
-    and has Snake write the new samples behind them, in the conv's dtype: the conv reads one tensor.
+    (fewer at the start of a stream) are the next window's history.  A push of ``n`` samples makes the next
+    window in one ``sequence_tail``: those samples shifted to the front of a ``history + n`` buffer (in place when
+    it is the same buffer: every steady push of a size), and Snake's outputs for the new samples behind them, in
+    the conv's dtype.  The conv then reads one tensor.
     """
 
     state_attrs = ("window",)
@@ -202,13 +204,9 @@ class _Windowed(_Stage):
             last = x.new_zeros(*x.shape[:2], self.initial, dtype=dtype)
         kept = min(last.shape[-1], self.context)
         window = self._empty("window", (*x.shape[:2], kept + x.shape[-1]), last)
-        ops.sequence_tail(last, last[..., :0], kept, out=window[..., :kept])
-        if self.snake is None:
-            window[..., kept:].copy_(x)
-        else:
-            ops.snake(x, self.snake.alpha, out=window[..., kept:])
-        self.window = window
-        return window
+        alpha = None if self.snake is None else self.snake.alpha
+        self.window = ops.sequence_tail(last, x, kept + x.shape[-1], out=window, alpha=alpha)
+        return self.window
 
 
 class _Conv(_Windowed):

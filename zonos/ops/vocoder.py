@@ -1,6 +1,6 @@
 """The DAC decoder's convolutions as single ops: a conv or transposed conv with bias, an optional residual add
-and an optional tanh, over a whole sequence or a stream layer's ``[history | new]`` window.  (Snake runs before them,
-once per sample, as :func:`zonos.ops.snake`.)
+and an optional tanh, over a whole sequence or a stream layer's ``[history | new]`` window (:func:`sequence_tail`
+builds those windows, Snake included).  Snake runs before the convs, once per sample, as :func:`zonos.ops.snake`.
 
 The one-shot decoder (:class:`zonos.codec.dac.Decoder`) and the streaming decoder
 (:mod:`zonos.codec.streaming`) make the same calls, so a fast path whose summation order depends only on
@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+from zonos.ops.snake import snake
 
 
 def _sequence(history: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
@@ -90,11 +92,20 @@ def conv_transpose1d(
 
 
 def sequence_tail(
-    history: torch.Tensor, x: torch.Tensor, length: int, *, out: torch.Tensor | None = None
+    history: torch.Tensor,
+    x: torch.Tensor,
+    length: int,
+    *,
+    out: torch.Tensor | None = None,
+    alpha: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The last ``length`` samples of ``[history | x]`` (a stream layer's next history), written into ``out``
-    if given (which may overlap ``history``: a window shifted in place)."""
-    seq = _sequence(history, x)
+    """The last ``length`` samples of ``[history | x]`` in ``history``'s dtype, with ``snake(x, alpha)`` in place
+    of ``x`` when ``alpha`` is given: a stream layer's next history, or its next input window (the kept history,
+    then Snake's outputs for the new samples).  Written into ``out`` if given, which may be the leading samples of
+    ``history``'s own buffer (a window updated in place)."""
+    if alpha is not None:
+        x = snake(x, alpha.reshape(1, -1, 1), history.dtype)
+    seq = _sequence(history, x.to(history.dtype))
     if not 0 <= length <= seq.shape[-1]:
         raise ValueError(f"cannot keep {length} of {seq.shape[-1]} samples")
     tail = seq[..., seq.shape[-1] - length :]

@@ -19,6 +19,15 @@ TILE = 1024  # elements per program: channels × samples, the samples axis fille
 
 
 @triton.jit
+def snake_fp32(x, alpha):
+    """Snake of fp32 ``x`` with fp32 ``alpha`` (broadcast), rounded as torch rounds it when the kernel is compiled
+    with ``enable_fp_fusion=False`` (no FMA contraction; a correctly rounded division)."""
+    inv_alpha = tl.math.div_rn(1.0, alpha + 1e-9)
+    s = tl.sin(alpha * x)
+    return x + inv_alpha * (s * s)
+
+
+@triton.jit
 def _snake_kernel(
     x_ptr,
     alpha_ptr,
@@ -42,11 +51,8 @@ def _snake_kernel(
     ok = c_ok[:, None] & (t[None, :] < length)
     c64 = c.to(tl.int64)[:, None]  # a long decode's (C, T) plane can pass 2**31 elements
     x = tl.load(x_ptr + b * stride_xb + c64 * stride_xc + t[None, :] * stride_xt, mask=ok, other=0.0)
-    x = x.to(tl.float32)
     alpha = tl.load(alpha_ptr + c * stride_a, mask=c_ok, other=1.0).to(tl.float32)[:, None]
-    inv_alpha = tl.math.div_rn(1.0, alpha + 1e-9)
-    s = tl.sin(alpha * x)
-    y = x + inv_alpha * (s * s)
+    y = snake_fp32(x.to(tl.float32), alpha)
     tl.store(
         out_ptr + b * stride_ob + c64 * stride_oc + t[None, :] * stride_ot, y.to(out_ptr.dtype.element_ty), mask=ok
     )

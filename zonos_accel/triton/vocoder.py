@@ -30,6 +30,7 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from zonos.ops import vocoder as reference
+from zonos_accel.triton.snake import snake_fp32
 
 _TL_DTYPES = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
 REDUCE = 64  # reduction elements (input channels × padded taps) per tensor-core step
@@ -220,21 +221,34 @@ def _conv_transpose_kernel(
 
 @triton.jit
 def _tail_kernel(
-    h_ptr, x_ptr, out_ptr, C, H, n, length,
+    h_ptr, x_ptr, alpha_ptr, out_ptr, C, H, n, length, s_a,
     s_hb, s_hc, s_ht, s_xb, s_xc, s_xt, s_ob, s_oc, s_ot,
-    BLOCK_C: tl.constexpr, BLOCK_L: tl.constexpr,
+    BLOCK_C: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_X: tl.constexpr, SNAKE: tl.constexpr,
 ):  # fmt: skip
     c = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
-    b = tl.program_id(1).to(tl.int64)
-    i = tl.arange(0, BLOCK_L)
-    c_ok = c < C
-    pos = (H + n - length + i)[None, :]
-    v = _load_sequence(h_ptr, x_ptr, H, n, b, c[:, None], c_ok[:, None], pos, s_hb, s_hc, s_ht, s_xb, s_xc, s_xt)
-    # out may overlap the history: each program owns whole rows, so every read of its rows comes first.
-    tl.debug_barrier()
-    mask = c_ok[:, None] & (i < length)[None, :]
-    out_ptr += b * s_ob + c[:, None].to(tl.int64) * s_oc + i[None, :] * s_ot
-    tl.store(out_ptr, v.to(out_ptr.dtype.element_ty), mask=mask)
+    b = tl.program_id(2).to(tl.int64)
+    c_ok = (c < C)[:, None]
+    c64 = c.to(tl.int64)[:, None]
+    start = H + n - length  # the first kept sample of [history | x]
+    n_h = tl.maximum(H - start, 0)  # how many come from the history (the front of out)
+    n_x = length - n_h
+    # Blocks of x's kept samples, counted from the end: block 0 holds the last BLOCK_X of them.
+    j = n_x - (tl.program_id(1) + 1) * BLOCK_X + tl.arange(0, BLOCK_X)
+    x_ok = c_ok & ((j >= 0) & (j < n_x))[None, :]
+    v = tl.load(x_ptr + b * s_xb + c64 * s_xc + (n - n_x + j)[None, :] * s_xt, mask=x_ok, other=0.0)
+    v = v.to(tl.float32)
+    if SNAKE:
+        v = snake_fp32(v, tl.load(alpha_ptr + c * s_a, mask=c < C, other=1.0).to(tl.float32)[:, None])
+    out_rows = out_ptr + b * s_ob + c64 * s_oc
+    if tl.program_id(1) == 0:
+        # out may be the leading samples of the history's buffer.  The kept history then overlaps at most the
+        # last n_h <= BLOCK_X samples out gets from x, which this program writes: it reads all first.
+        i = tl.arange(0, BLOCK_H)
+        h_ok = c_ok & (i < n_h)[None, :]
+        kept = tl.load(h_ptr + b * s_hb + c64 * s_hc + (start + i)[None, :] * s_ht, mask=h_ok, other=0.0)
+        tl.debug_barrier()
+        tl.store(out_rows + i[None, :] * s_ot, kept, mask=h_ok)
+    tl.store(out_rows + (n_h + j)[None, :] * s_ot, v.to(out_ptr.dtype.element_ty), mask=x_ok)
 
 
 # -- wrappers ------------------------------------------------------------------------------------------
@@ -407,27 +421,41 @@ def conv_transpose1d(
 
 
 def sequence_tail(
-    history: torch.Tensor, x: torch.Tensor, length: int, *, out: torch.Tensor | None = None
+    history: torch.Tensor,
+    x: torch.Tensor,
+    length: int,
+    *,
+    out: torch.Tensor | None = None,
+    alpha: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Same contract as :func:`zonos.ops.vocoder.sequence_tail`; ``out`` may overlap ``history`` (a stream layer
-    shifting its window in place)."""
+    """Same contract as :func:`zonos.ops.vocoder.sequence_tail` (Snake bit for bit as :mod:`.snake` computes it);
+    ``out`` may be the leading samples of ``history``'s buffer (a stream layer's window updated in place)."""
     if history.dtype == torch.float64:
-        return reference.sequence_tail(history, x, length, out=out)
-    _check(x, history, history.shape[1], "sequence_tail")
-    H, n = history.shape[-1], x.shape[-1]
+        return reference.sequence_tail(history, x, length, out=out, alpha=alpha)
+    if x.dim() != 3 or x.shape[:2] != history.shape[:2] or x.device != history.device:
+        raise ValueError(f"history {tuple(history.shape)} does not continue x {tuple(x.shape)} on {x.device}")
+    batch, channels, H = history.shape
+    n = x.shape[-1]
     if not 0 <= length <= H + n:
         raise ValueError(f"cannot keep {length} of {H + n} samples")
+    if alpha is not None and alpha.numel() != channels:
+        raise ValueError(f"Snake needs {channels} alphas; got {alpha.numel()}")
     if out is None:
-        out = torch.empty(*history.shape[:2], length, dtype=history.dtype, device=history.device)
-    elif out.shape != (*history.shape[:2], length) or out.dtype != history.dtype:
+        out = torch.empty(batch, channels, length, dtype=history.dtype, device=history.device)
+    elif out.shape != (batch, channels, length) or out.dtype != history.dtype:
         raise ValueError(f"out {tuple(out.shape)} {out.dtype} cannot hold the {length} last samples")
     if out.numel() == 0:
         return out
-    batch, channels = history.shape[:2]
-    block_l = max(16, triton.next_power_of_2(length))
-    block_c = max(1, min(triton.next_power_of_2(channels), 2048 // block_l))
-    _tail_kernel[(triton.cdiv(channels, block_c), batch)](
-        history, x, out, channels, H, n, length, *history.stride(), *x.stride(), *out.stride(),
-        BLOCK_C=block_c, BLOCK_L=block_l, num_warps=4,
+    n_h = max(H - (H + n - length), 0)
+    block_h = max(16, triton.next_power_of_2(n_h))
+    block_x = max(block_h, min(1024, triton.next_power_of_2(length - n_h)))  # >= n_h: see the kernel
+    block_c = max(1, min(triton.next_power_of_2(channels), 2048 // block_x))
+    a = history if alpha is None else alpha.reshape(channels)
+    grid = (triton.cdiv(channels, block_c), max(1, triton.cdiv(length - n_h, block_x)), batch)
+    _tail_kernel[grid](
+        history, x, a, out, channels, H, n, length, a.stride(0) if alpha is not None else 0,
+        *history.stride(), *x.stride(), *out.stride(),
+        BLOCK_C=block_c, BLOCK_H=block_h, BLOCK_X=block_x, SNAKE=alpha is not None, num_warps=4,
+        enable_fp_fusion=False,  # Snake rounded as torch rounds it
     )  # fmt: skip
     return out

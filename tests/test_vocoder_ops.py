@@ -110,6 +110,28 @@ def test_conv_matches_reference(target, case, dtype):
     _within_torch_error(ours, ref, ref64)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_conv_then_snake_equals_the_two_ops_bit_for_bit(target, dtype, monkeypatch):
+    """A residual unit's conv1 applies snake2 as it stores: the same samples as the Snake kernel run on the conv's
+    output, bit for bit (split or not), and the reference's up to rounding."""
+    fast, device = target
+    _interpreter_limits(device, dtype)
+    from zonos_accel.triton.snake import snake as fast_snake
+
+    alpha = (torch.rand(1, 150, 1, generator=torch.Generator().manual_seed(2)) * 2 + 0.1).to(device)
+    x, _, w, b = _conv_inputs(150, 150, 7, 23, 0, device, dtype, seed=31)
+    for split in (True, False):
+        monkeypatch.setattr(fast, "_split", lambda n_groups, tiles, device, split=split: split and n_groups > 1)
+        _poison(device)
+        fused = fast.conv1d(x, w, b, dilation=3, padding=9, alpha=alpha, dtype=dtype)
+        two = fast_snake(fast.conv1d(x, w, b, dilation=3, padding=9, dtype=dtype), alpha, dtype)
+        assert not fused.isnan().any() and torch.equal(fused, two)
+    ref = reference.conv1d(x, w, b, dilation=3, padding=9, alpha=alpha, dtype=dtype)
+    assert torch.allclose(fused.float(), ref.float(), rtol=0.02, atol=0.02)
+    with pytest.raises(ValueError, match="alphas"):
+        fast.conv1d(x, w, b, alpha=alpha[:, :3])
+
+
 TRANSPOSED = [
     # (c_in, c_out, k, stride, t, history, start, length)
     (40, 24, 16, 8, 5, 0, 4, None),  # nn.ConvTranspose1d(k 16, s 8, p 4): length (t - 1) 8 + 16 - 8

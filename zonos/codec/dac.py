@@ -130,8 +130,8 @@ class ResidualUnit(nn.Module):
     """``x + conv2(snake2(conv1(snake1(x))))`` with a dilated kernel-7 conv1 and a kernel-1 conv2.
 
     The Snakes and convs are the :mod:`zonos.ops` calls the streaming decoder makes (each Snake rounded to the
-    conv's dtype, the residual added by conv2), so both compute the same sums; "same" padding keeps the
-    lengths equal.
+    conv's dtype, snake2 applied by conv1 and the residual added by conv2), so both compute the same sums;
+    "same" padding keeps the lengths equal.
     """
 
     def __init__(self, channels: int, dilation: int) -> None:
@@ -145,8 +145,9 @@ class ResidualUnit(nn.Module):
         dtype = conv_dtype(x, self.conv1.weight)
         (d,), (p,) = self.conv1.dilation, self.conv1.padding
         h = ops.snake(x, self.snake1.alpha, dtype)
-        h = ops.conv1d(h, self.conv1.weight, self.conv1.bias, dilation=d, padding=p, dtype=dtype)
-        h = ops.snake(h, self.snake2.alpha, dtype)
+        h = ops.conv1d(
+            h, self.conv1.weight, self.conv1.bias, dilation=d, padding=p, alpha=self.snake2.alpha, dtype=dtype
+        )  # snake2 applied as conv1 stores
         return ops.conv1d(h, self.conv2.weight, self.conv2.bias, residual=x, dtype=dtype)
 
 

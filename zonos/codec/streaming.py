@@ -29,8 +29,9 @@ frames: ``3 + 39 + 1 + 2*39 + 2*2 + 8*39 + 8*4 + 64*39 + 64*4 + 512*3 = 4757``.
 Calls: each layer makes the one-shot decoder's :mod:`zonos.ops` calls on ``[history | new]`` windows: a
 ``conv1d`` or ``conv_transpose1d`` per conv (bias, the residual add and the final tanh inside it), a
 ``sequence_tail`` per conv input window (the kept history, then Snake's outputs for the new samples, in the
-conv's dtype: the same Snake as the one-shot decoder's ``snake``) and per residual unit's pending inputs, and
-a ``snake`` per residual unit's inner Snake: ~73 launches per steady push (one each on the Triton path).
+conv's dtype: the same Snake as the one-shot decoder's ``snake``) and per residual unit's pending inputs; a
+residual unit's inner Snake is applied by its first conv: ~61 launches per steady push (one each on the Triton
+path).
 
 Cost: the convolutions do the one-shot decoder's multiply-accumulates, whatever the chunk sizes, plus one
 input sample per transposed-conv call (its history, recomputed so that every output is a single conv sum as
@@ -265,11 +266,10 @@ class _ResUnit(_Conv):
     def push(self, x: Tensor) -> Tensor | None:
         window = self._next_window(x)
         pending = self.pending if self.pending is not None else x.new_zeros(*x.shape[:2], 0)
-        h = self._conv(window)
+        h = self._conv(window, alpha=self.unit.snake2.alpha)  # snake2(conv1(...))
         y = None
         if h is not None:
             weight, bias = _weights(self.unit.conv2, self.params)
-            h = ops.snake(h, self.unit.snake2.alpha, h.dtype)
             y = ops.conv1d(h, weight, bias, residual=x, residual_history=pending, dtype=h.dtype)
         self.pending = self._tail("pending", pending, x, min(window.shape[-1], self.context) - self.left)
         return y

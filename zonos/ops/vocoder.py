@@ -9,7 +9,7 @@ one-shot decode bit for bit, in 16 bits too.
 
 Numerics (the reference here, and every fast path): input, weight and bias are rounded to ``dtype``; the conv
 sums in ``dtype`` (fp32 accumulation for 16-bit dtypes) and its output, bias included, is rounded to
-``dtype``; the residual is added and rounded to ``dtype`` again, then tanh.
+``dtype``; the residual is added and rounded to ``dtype`` again, then tanh, then Snake (rounded to ``dtype``).
 """
 
 from __future__ import annotations
@@ -41,15 +41,17 @@ def conv1d(
     residual_history: torch.Tensor | None = None,
     residual_offset: int = 0,
     tanh: bool = False,
+    alpha: torch.Tensor | None = None,
     dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
-    """``conv1d(pad(x), weight, bias, dilation)`` ``+ residual`` then ``tanh``, in ``dtype``.
+    """``conv1d(pad(x), weight, bias, dilation)`` ``+ residual`` then ``tanh``, then Snake, in ``dtype``.
 
     ``x`` ``[B, C_in, T]`` (a stream layer's ``[history | new]`` window, or a whole sequence), ``weight``
     ``[C_out, C_in, K]``, ``padding`` zeros on both sides.  The output has ``T + 2 padding - (K - 1) dilation``
     samples.  ``residual``: output sample ``t`` adds sample
-    ``residual_offset + t`` of ``[residual_history | residual]``.  ``dtype`` defaults to ``weight``'s
-    promoted with ``x``'s.
+    ``residual_offset + t`` of ``[residual_history | residual]``.  ``alpha``: Snake with these per-channel
+    alphas applied to the result (computed as :func:`zonos.ops.snake` computes it, rounded to ``dtype``: the
+    Snake that feeds the next conv).  ``dtype`` defaults to ``weight``'s promoted with ``x``'s.
     """
     dtype = dtype or torch.promote_types(x.dtype, weight.dtype)
     u = x.to(dtype)
@@ -62,7 +64,9 @@ def conv1d(
             n = res.shape[-1]
             raise ValueError(f"the residual has {n} samples from offset {residual_offset}, not {y.shape[-1]}")
         y = (y + res).to(dtype)
-    return torch.tanh(y) if tanh else y
+    if tanh:
+        y = torch.tanh(y)
+    return y if alpha is None else snake(y, alpha.reshape(1, -1, 1), dtype)
 
 
 def conv_transpose1d(

@@ -1,5 +1,5 @@
 """The DAC decoder's convolutions (``zonos.ops.conv1d``, ``conv_transpose1d``, ``sequence_tail``) as Triton
-kernels: one launch per conv, with bias, residual and tanh applied before the store.
+kernels: one launch per conv, with bias, residual, tanh and the next conv's Snake applied before the store.
 
 Each conv is an implicit GEMM on tensor cores: a program owns a tile of output channels × output samples of
 one batch row and walks the reduction (input channels × taps, taps padded to a power of two with zeros) in
@@ -157,13 +157,13 @@ def _epilogue(acc, b_ptr, s_b, co, co_ok, HAS_BIAS: tl.constexpr, COMPUTE: tl.co
 
 @triton.jit
 def _conv_kernel(
-    x_ptr, w_ptr, b_ptr, r_ptr, rh_ptr, out_ptr, part_ptr, count_ptr,
+    x_ptr, w_ptr, b_ptr, r_ptr, rh_ptr, a_ptr, out_ptr, part_ptr, count_ptr,
     C_in, C_out, T_x, n_out, offset, dilation, T_r, H_r, res_offset, n_groups,
-    s_xb, s_xc, s_xt, s_wo, s_wi, s_wk, s_b,
+    s_xb, s_xc, s_xt, s_wo, s_wi, s_wk, s_b, s_a,
     s_rb, s_rc, s_rt, s_rhb, s_rhc, s_rht, s_ob, s_oc, s_ot,
     K: tl.constexpr, KP: tl.constexpr, BLOCK_CO: tl.constexpr, BLOCK_CI: tl.constexpr, BLOCK_T: tl.constexpr,
-    HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, TANH: tl.constexpr, GROUP: tl.constexpr, SPLIT: tl.constexpr,
-    COMPUTE: tl.constexpr, PRECISION: tl.constexpr,
+    HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, TANH: tl.constexpr, SNAKE: tl.constexpr, GROUP: tl.constexpr,
+    SPLIT: tl.constexpr, COMPUTE: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     co = tl.program_id(1) * BLOCK_CO + tl.arange(0, BLOCK_CO)
@@ -185,6 +185,9 @@ def _conv_kernel(
         y = (y.to(tl.float32) + res).to(COMPUTE)
     if TANH:
         y = libdevice.tanh(y.to(tl.float32)).to(COMPUTE)
+    if SNAKE:  # the next conv's Snake, as the Snake kernel computes it on this output
+        alpha = tl.load(a_ptr + co * s_a, mask=co_ok, other=1.0).to(tl.float32)[:, None]
+        y = snake_fp32(y.to(tl.float32), alpha).to(COMPUTE)
     mask = co_ok[:, None] & (t < n_out)[None, :] & last
     tl.store(out_ptr + b * s_ob + co[:, None].to(tl.int64) * s_oc + t[None, :] * s_ot, y, mask=mask)
 
@@ -331,17 +334,22 @@ def conv1d(
     residual_history: torch.Tensor | None = None,
     residual_offset: int = 0,
     tanh: bool = False,
+    alpha: torch.Tensor | None = None,
     dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
-    """Same contract as :func:`zonos.ops.vocoder.conv1d` (the reference it is tested against)."""
+    """Same contract as :func:`zonos.ops.vocoder.conv1d` (the reference it is tested against; Snake bit for bit
+    as :mod:`.snake` computes it)."""
     dtype = _compute(x, weight, dtype)
     if torch.float64 in (dtype, x.dtype, weight.dtype):
         return reference.conv1d(
             x, weight, bias, dilation=dilation, padding=padding, residual=residual,
-            residual_history=residual_history, residual_offset=residual_offset, tanh=tanh, dtype=dtype,
+            residual_history=residual_history, residual_offset=residual_offset, tanh=tanh, alpha=alpha,
+            dtype=dtype,
         )  # fmt: skip
     c_out, c_in, k = weight.shape
     _check(x, None, c_in, "conv1d")
+    if alpha is not None and alpha.numel() != c_out:
+        raise ValueError(f"Snake after conv1d needs {c_out} alphas; got {alpha.numel()}")
     batch, n = x.shape[0], x.shape[-1]
     n_out = n + 2 * padding - (k - 1) * dilation
     if n_out < 0:
@@ -365,13 +373,16 @@ def conv1d(
     n_groups = _groups(c_in, block_ci)
     split = _split(n_groups, math.prod(grid), x.device)
     parts, counts = _split_buffers(math.prod(grid), n_groups, block_co, block_t, x) if split else (out, out)
+    a = weight if alpha is None else alpha.reshape(c_out)
     _conv_kernel[(grid[0], grid[1], grid[2] * (n_groups if split else 1))](
-        x, weight, b_ptr, residual, rh, out, parts, counts,
+        x, weight, b_ptr, residual, rh, a, out, parts, counts,
         c_in, c_out, n, n_out, -padding, dilation, residual.shape[-1], H_r, residual_offset, n_groups,
-        *x.stride(), *weight.stride(), s_b, *residual.stride(), *rh.stride(), *out.stride(),
+        *x.stride(), *weight.stride(), s_b, 0 if alpha is None else a.stride(0),
+        *residual.stride(), *rh.stride(), *out.stride(),
         K=k, KP=triton.next_power_of_2(k), BLOCK_CO=block_co, BLOCK_CI=block_ci, BLOCK_T=block_t,
-        HAS_BIAS=bias is not None, HAS_RES=rh is not out, TANH=tanh, GROUP=GROUP_SLICES, SPLIT=split,
-        COMPUTE=_TL_DTYPES[dtype], PRECISION=_precision(dtype), num_warps=warps,
+        HAS_BIAS=bias is not None, HAS_RES=rh is not out, TANH=tanh, SNAKE=alpha is not None, GROUP=GROUP_SLICES,
+        SPLIT=split, COMPUTE=_TL_DTYPES[dtype], PRECISION=_precision(dtype), num_warps=warps,
+        enable_fp_fusion=alpha is None,  # Snake rounded as torch rounds it; the other epilogues as measured
     )  # fmt: skip
     return out
 

@@ -321,6 +321,37 @@ def test_float64_and_bad_arguments_take_the_reference_or_raise(target):
             fn(x32, w, b, padding=3, residual=x32, residual_offset=2)
 
 
+def test_stream_equals_one_shot_in_the_interpreter(target, monkeypatch):
+    """The streaming stages on the kernels (windows with Snake, convs with snake2, split-K where the tiles are
+    few) give the one-shot decode's samples bit for bit, on the tiny test DAC in Triton's interpreter (the GPU
+    runs the real-size decoder below)."""
+    fast, device = target
+    if device.type != "cpu":
+        pytest.skip("the real-size test below covers the GPU")
+    import types
+
+    import triton.language as tl
+
+    import zonos.ops
+    from tests.tiny import TINY_DAC, random_dac_weights
+    from zonos.codec import DACAutoencoder, DACConfig, StreamingDACDecoder
+    from zonos_accel.triton.snake import snake as fast_snake
+
+    # The interpreter has no libdevice: the final conv's tanh as 2 sigmoid(2 x) - 1.
+    monkeypatch.setattr(fast, "libdevice", types.SimpleNamespace(tanh=lambda x: 2 * tl.sigmoid(2 * x) - 1))
+    for name in ("conv1d", "conv_transpose1d", "sequence_tail"):
+        monkeypatch.setattr(zonos.ops, name, getattr(fast, name))
+    monkeypatch.setattr(zonos.ops, "snake", fast_snake)
+    config = DACConfig(**TINY_DAC)
+    codec = DACAutoencoder(config, random_dac_weights(config))
+    codes = torch.randint(0, 1024, (1, 9, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        one_shot = codec.dac.decode(codes)
+        dec = StreamingDACDecoder(codec)
+        outs = [dec.push(codes[..., a:b]) for a, b in [(0, 4), (4, 5), (5, 12)]] + [dec.flush()]
+    assert torch.equal(torch.cat(outs, -1), one_shot)
+
+
 # -- the whole decoder on the GPU ------------------------------------------------------------------------
 
 

@@ -6,8 +6,9 @@ they do, in µs per push; and the one-shot decode of the same frames for compari
                                           [--sweep tiles|groups] [--layers]
 
 ``--ops torch`` runs the decoder's convs on cuDNN (Snake stays the Triton kernel).  ``--sweep tiles`` times the
-stream and the one-shot decode for each tile configuration of our conv kernels (the same for every layer;
-any fixed one keeps the stream bit-exact, which the table checks), to choose ``_blocks``; ``--sweep groups``
+stream and the one-shot decode for each tile configuration of our conv kernels (the same for every layer and
+call, instead of ``_blocks``'s choice per call; any fixed one keeps the stream bit-exact, which the table
+checks); ``--sweep groups``
 does the same for the reduction group size (``GROUP_SLICES``, the share of a split-K program), and without
 the split.  ``--layers`` lists the GPU time of each conv layer (our kernels), per push and one-shot.
 """
@@ -74,7 +75,7 @@ def sweep_tiles(codec: DACAutoencoder, chunks: list[int]) -> None:
     try:
         for block_co, reduce, block_t in SWEEP:
 
-            def blocks(c_out, taps, block_co=block_co, reduce=reduce, block_t=block_t):
+            def blocks(c_out, taps, n_out, rows, device, block_co=block_co, reduce=reduce, block_t=block_t):
                 return block_co, max(1, reduce // triton.next_power_of_2(taps)), block_t, 4
 
             kernels._blocks = blocks

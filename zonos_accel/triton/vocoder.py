@@ -3,9 +3,9 @@ kernels: one launch per conv, with bias, residual, tanh and the next conv's Snak
 
 Each conv is an implicit GEMM on tensor cores: a program owns a tile of output channels × output samples of
 one batch row and walks the reduction (input channels × taps, taps padded to a power of two with zeros) in
-slices of a fixed size.  The tile sizes and the reduction order depend only on the layer's shape, so every
-output sample is the same sum, in the same order, whatever the length of the input and wherever the sample
-lies in it: the streaming decoder, which feeds ``[history | new]`` windows, gets the one-shot decode's
+slices of a fixed size.  The reduction order depends only on the layer's shape, and the output tile, chosen
+per call, does not change it, so every output sample is the same sum, in the same order, whatever the length of
+the input and wherever the sample lies in it: the streaming decoder, which feeds ``[history | new]`` windows, gets the one-shot decode's
 samples bit for bit.  (cuDNN picks its algorithm by input length: its 16-bit stream was 56.6 dB from
 one-shot on an H200.)  A transposed conv runs as ``stride`` phase convs: output sample ``u = q s + r`` sums
 taps ``r + m s`` of inputs ``q - m``.
@@ -273,12 +273,20 @@ def _check(x: torch.Tensor, history: torch.Tensor | None, c_in: int, what: str) 
     return history
 
 
-def _blocks(c_out: int, taps: int) -> tuple[int, int, int, int]:
-    """(BLOCK_CO, BLOCK_CI, BLOCK_T, warps) of a layer: a function of its shape only (the summation order must
-    not depend on the input length).  Narrow channel tiles keep a small push spread over many SMs."""
-    kp = triton.next_power_of_2(taps)
-    block_co = 16 if c_out >= 512 else 32
-    return block_co, max(1, REDUCE // kp), 64, 4
+# Output tiles (BLOCK_CO, BLOCK_T), largest first.  All run mma.sync m16n8k16 (sm_80+; 64 channels would switch
+# to wgmma), so each output is the same chain of 16-deep products in the same order whatever the tile.
+TILES = ((32, 64), (32, 32), (16, 32))
+
+
+def _blocks(c_out: int, taps: int, n_out: int, rows: int, device: torch.device) -> tuple[int, int, int, int]:
+    """(BLOCK_CO, BLOCK_CI, BLOCK_T, warps) of a call with ``n_out`` outputs per channel in ``rows`` batch rows (×
+    phases).  BLOCK_CI, hence the summation order, depends on the layer's taps only.  The output tile is the
+    largest of :data:`TILES` that still gives each SM two programs (a long decode: more reuse of each load), else
+    the smallest (a streaming push: more programs); it changes the time, not the sums (a GPU test checks it)."""
+    for block_co, block_t in TILES:
+        if triton.cdiv(n_out, block_t) * triton.cdiv(c_out, block_co) * rows >= 2 * _sm_count(device):
+            break
+    return block_co, max(1, REDUCE // triton.next_power_of_2(taps)), block_t, 4
 
 
 def _sm_count(device: torch.device) -> int:
@@ -367,7 +375,7 @@ def conv1d(
         residual, rh, H_r = out, out, 0
     if out.numel() == 0:
         return out
-    block_co, block_ci, block_t, warps = _blocks(c_out, k)
+    block_co, block_ci, block_t, warps = _blocks(c_out, k, n_out, batch, x.device)
     b_ptr, s_b = _bias_args(bias, weight)
     grid = (triton.cdiv(n_out, block_t), triton.cdiv(c_out, block_co), batch)
     n_groups = _groups(c_in, block_ci)
@@ -412,9 +420,9 @@ def conv_transpose1d(
     if out.numel() == 0:
         return out
     mp = triton.next_power_of_2(triton.cdiv(k, stride))
-    block_co, block_ci, block_q, warps = _blocks(c_out, mp)
     q_first = start // stride
     n_q = (start + length - 1) // stride - q_first + 1
+    block_co, block_ci, block_q, warps = _blocks(c_out, mp, n_q, batch * stride, x.device)
     b_ptr, s_b = _bias_args(bias, weight)
     grid = (triton.cdiv(n_q, block_q), triton.cdiv(c_out, block_co), batch * stride)
     n_groups = _groups(c_in, block_ci)

@@ -4,11 +4,11 @@ kernels: one launch per conv, with bias, residual, tanh and the next conv's Snak
 Each conv is an implicit GEMM on tensor cores: a program owns a tile of output channels × output samples of
 one batch row and walks the reduction (input channels × taps, taps padded to a power of two with zeros) in
 slices of a fixed size.  The reduction order depends only on the layer's shape, and the output tile, chosen
-per call, does not change it, so every output sample is the same sum, in the same order, whatever the length of
-the input and wherever the sample lies in it: the streaming decoder, which feeds ``[history | new]`` windows, gets the one-shot decode's
-samples bit for bit.  (cuDNN picks its algorithm by input length: its 16-bit stream was 56.6 dB from
-one-shot on an H200.)  A transposed conv runs as ``stride`` phase convs: output sample ``u = q s + r`` sums
-taps ``r + m s`` of inputs ``q - m``.
+per call, does not change it, so every output sample is the same sum, in the same order, whatever the length
+of the input and wherever the sample lies in it: the streaming decoder, which feeds ``[history | new]``
+windows, gets the one-shot decode's samples bit for bit.  (cuDNN picks its algorithm by input length: its
+16-bit stream was 56.6 dB from one-shot on an H200.)  A transposed conv runs as ``stride`` phase convs: output
+sample ``u = q s + r`` sums taps ``r + m s`` of inputs ``q - m``.
 
 The reduction is summed in groups of ``GROUP_SLICES`` slices (fixed per layer shape), each from zero, and the
 groups' sums are added in order.  A call with few output tiles (a streaming push) runs the groups of a tile in

@@ -22,6 +22,7 @@ every tap and channel tile, which made these kernels 5x slower than cuDNN one-sh
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -289,6 +290,7 @@ def _blocks(c_out: int, taps: int, n_out: int, rows: int, device: torch.device) 
     return block_co, max(1, REDUCE // triton.next_power_of_2(taps)), block_t, 4
 
 
+@functools.cache
 def _sm_count(device: torch.device) -> int:
     if device.type != "cuda":
         return 132  # Triton's interpreter: as on an H200

@@ -123,21 +123,28 @@ def conv_times(events: list, layers: int) -> list[float]:
     return [sum(e.device_time_total for e in convs[i::layers]) / calls for i in range(layers)]
 
 
+def steady_pushes(codec: DACAutoencoder, chunk: int, count: int):
+    """(a function making ``count`` steady pushes of ``chunk`` frames, the codes): a decoder pushed past its first
+    audio (10 frames) and through the steady push twice (its warm-up and capture), so the function replays."""
+    warm = (-(-16 // chunk) + 2) * chunk
+    codes = torch.randint(0, 1024, (1, 9, warm + count * chunk), device="cuda")
+    dec = StreamingDACDecoder(codec)
+    for s in range(0, warm, chunk):
+        dec.push(codes[..., s : s + chunk])
+
+    def steady() -> None:
+        for s in range(warm, warm + count * chunk, chunk):
+            dec.push(codes[..., s : s + chunk])
+
+    return steady, codes
+
+
 def profile_layers(codec: DACAutoencoder, chunks: list[int], count: int) -> list[dict]:
     """Rows of µs per conv layer: a steady push of each size, and the one-shot decode per frame."""
     names = conv_layer_names(codec)
     columns = {}
     for chunk in chunks:
-        warm = (-(-16 // chunk) + 2) * chunk  # past the first audio (10 frames), then the steady push twice
-        codes = torch.randint(0, 1024, (1, 9, warm + count * chunk), device="cuda")
-        dec = StreamingDACDecoder(codec)
-        for s in range(0, warm, chunk):
-            dec.push(codes[..., s : s + chunk])
-
-        def steady(dec=dec, codes=codes, chunk=chunk, warm=warm):
-            for i in range(count):
-                dec.push(codes[..., warm + i * chunk : warm + (i + 1) * chunk])
-
+        steady, _ = steady_pushes(codec, chunk, count)
         columns[f"push of {chunk} µs"] = conv_times(gpu_events(steady), len(names))
     frames = 256
     codes = torch.randint(0, 1024, (1, 9, frames), device="cuda")
@@ -154,17 +161,7 @@ def profile_pushes(codec: DACAutoencoder, chunks: list[int], count: int) -> list
     """Rows of GPU time per kernel group: steady pushes of each size against the one-shot decode."""
     rows = []
     for chunk in chunks:
-        warm = (-(-16 // chunk) + 2) * chunk  # past the first audio (10 frames), then the steady push twice
-        codes = torch.randint(0, 1024, (1, 9, warm + count * chunk), device="cuda")
-        dec = StreamingDACDecoder(codec)
-        for s in range(0, warm, chunk):
-            dec.push(codes[..., s : s + chunk])
-
-        def steady(dec=dec, codes=codes, chunk=chunk, warm=warm):
-            for i in range(count):
-                s = warm + i * chunk
-                dec.push(codes[..., s : s + chunk])
-
+        steady, codes = steady_pushes(codec, chunk, count)
         one_shot = codes[..., : count * chunk]
         codec.decode(one_shot)
         groups = summarize(gpu_events(steady), count)

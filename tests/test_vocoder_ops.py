@@ -443,6 +443,10 @@ def test_reference_rejects_bad_arguments():
         reference.sequence_tail(x[..., :6], x[..., :4], 11)
     with pytest.raises(ValueError, match="does not continue"):
         reference.sequence_tail(x, x[:, :2], 3)
+    with pytest.raises(ValueError, match="4 alphas; got 3"):
+        reference.conv1d(x, w, alpha=torch.ones(3))
+    with pytest.raises(ValueError, match="4 alphas; got 2"):
+        reference.sequence_tail(x, x, 3, alpha=torch.ones(2))
     # Another dtype is converted to the history's (through Snake with alpha).
     assert reference.sequence_tail(x.double(), x, 12).dtype == torch.float64
     y = reference.conv1d(x, w, padding=1, residual=x)  # the residual as in a residual unit

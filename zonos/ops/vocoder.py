@@ -66,7 +66,11 @@ def conv1d(
         y = (y + res).to(dtype)
     if tanh:
         y = torch.tanh(y)
-    return y if alpha is None else snake(y, alpha.reshape(1, -1, 1), dtype)
+    if alpha is None:
+        return y
+    if alpha.numel() != y.shape[1]:
+        raise ValueError(f"Snake after conv1d needs {y.shape[1]} alphas; got {alpha.numel()}")
+    return snake(y, alpha.reshape(1, -1, 1), dtype)
 
 
 def conv_transpose1d(
@@ -108,6 +112,8 @@ def sequence_tail(
     then Snake's outputs for the new samples).  Written into ``out`` if given, which may be the leading samples of
     ``history``'s own buffer (a window updated in place)."""
     if alpha is not None:
+        if alpha.numel() != x.shape[1]:
+            raise ValueError(f"Snake needs {x.shape[1]} alphas; got {alpha.numel()}")
         x = snake(x, alpha.reshape(1, -1, 1), history.dtype)
     seq = _sequence(history, x.to(history.dtype))
     if not 0 <= length <= seq.shape[-1]:

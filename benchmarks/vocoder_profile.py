@@ -3,14 +3,14 @@
 they do, in µs per push; and the one-shot decode of the same frames for comparison.
 
     python3 benchmarks/vocoder_profile.py [--chunks 1,2,8,32] [--pushes 20] [--ops triton,torch]
-                                          [--sweep tiles|groups] [--layers]
+                                          [--sweep tiles|groups|pdl] [--layers]
 
 ``--ops torch`` runs the decoder's convs on cuDNN (Snake stays the Triton kernel).  ``--sweep tiles`` times the
 stream and the one-shot decode for each tile configuration of our conv kernels (the same for every layer and
 call, instead of ``_blocks``'s choice per call; any fixed one keeps the stream bit-exact, which the table
-checks); ``--sweep groups``
-does the same for the reduction group size (``GROUP_SLICES``, the share of a split-K program), and without
-the split.  ``--layers`` lists the GPU time of each conv layer (our kernels), per push and one-shot.
+checks); ``--sweep groups`` does the same for the reduction group size (``GROUP_SLICES``, the share of a
+split-K program), and without the split; ``--sweep pdl`` launches our kernels without and with PDL.
+``--layers`` lists the GPU time of each conv layer (our kernels), per push and one-shot.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from benchmarks.streaming import torch_layer_ops, vocoder_cost
 from zonos.codec.autoencoder import DACAutoencoder
 from zonos.codec.dac import DACConfig
 from zonos.codec.streaming import StreamingDACDecoder
-from zonos_accel.triton import enable_triton_ops
+from zonos_accel.triton import enable_triton_ops, pdl
 from zonos_accel.triton import vocoder as kernels
 
 GROUPS = [  # first match wins
@@ -102,6 +102,19 @@ def sweep_groups(codec: DACAutoencoder, chunks: list[int]) -> None:
     finally:
         kernels.GROUP_SLICES, kernels._split = default_group, default_split
     print(table(rows, "Reduction group sizes of the vocoder conv kernels (256 frames, fp16)"))
+
+
+def sweep_pdl(codec: DACAutoencoder, chunks: list[int]) -> None:
+    """Stream and one-shot cost with our kernels launched with and without PDL."""
+    rows = []
+    try:
+        for enabled in (False, True):
+            pdl.ENABLED = enabled
+            for row in vocoder_cost(codec, 256, chunks):
+                rows.append({"PDL": "on" if enabled else "off", **row})
+    finally:
+        pdl.ENABLED = True
+    print(table(rows, "Vocoder kernels launched with and without PDL (256 frames, fp16)"))
 
 
 def conv_layer_names(codec: DACAutoencoder) -> list[str]:
@@ -212,8 +225,8 @@ def main() -> None:
     p.add_argument("--ops", default="triton", choices=["triton", "torch"], help="the decoder convs' implementation")
     p.add_argument(
         "--sweep",
-        choices=["tiles", "groups"],
-        help="time every tile configuration of SWEEP, or every group size of GROUP_SWEEP, instead",
+        choices=["tiles", "groups", "pdl"],
+        help="time every tile configuration of SWEEP, every group size of GROUP_SWEEP, or PDL off and on, instead",
     )
     p.add_argument("--layers", action="store_true", help="GPU time of each conv layer instead of kernel groups")
     args = p.parse_args()
@@ -222,7 +235,7 @@ def main() -> None:
     codec = DACAutoencoder(DACConfig(), device="cuda")
     enable_triton_ops()
     if args.sweep:
-        {"tiles": sweep_tiles, "groups": sweep_groups}[args.sweep](codec, args.chunks)
+        {"tiles": sweep_tiles, "groups": sweep_groups, "pdl": sweep_pdl}[args.sweep](codec, args.chunks)
         return
     if args.layers:
         if args.ops == "torch":

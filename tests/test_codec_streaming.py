@@ -402,6 +402,26 @@ def test_graph_replays_equal_eager_pushes(codec, monkeypatch, name):
     assert eager.graph_captures == eager.graph_replays == 0
 
 
+def test_cached_state_key_follows_the_state(codec, monkeypatch):
+    """The state's part of the graph key is cached between pushes (dropped by eager pushes and resets, taken
+    from the capture after a replay): after every push of every stream it equals the key computed afresh."""
+    emulate_cuda_graphs(monkeypatch)
+    dec = StreamingDACDecoder(codec)
+    schedule = [1, 3, 3, 3, 3, 3, 2]
+    for seed in range(3):
+        codes = random_codes(1, sum(schedule), seed=70 + seed)
+        dec.reset()
+        n = 0
+        for size in schedule:
+            dec.push(codes[..., n : n + size])
+            n += size
+            cached = dec._state_key()
+            dec._state_key_cache = None
+            assert dec._state_key() == cached
+        dec.flush()
+    assert dec.graph_replays >= 4
+
+
 def test_a_push_is_one_op_call_per_layer(codec, monkeypatch):
     """A steady push makes the one-shot decoder's op calls (one launch each on the Triton path): a ``conv1d``
     for the 9 codebooks' projections together and per conv (bias, residual and tanh inside it), a

@@ -226,3 +226,33 @@ def test_weights_changed_in_place_or_moved(exact, fp16):
     for seed in range(3):
         check(90 + seed)
     assert graphed.graph_captures == 2 * captures
+
+
+def test_gpu_codes_out_of_range_raise_at_flush(codec, exact):
+    """Code values of CUDA codes are checked on the GPU (no host sync per push): a replayed push with an
+    out-of-range code returns (clamped, invalid) audio, flush names the range, and after reset the next stream
+    equals a fresh decoder's."""
+    schedule = [11, 4, 4, 4, 4]
+    graphed = StreamingDACDecoder(codec, fp16_autocast=False)
+    for seed in range(3):  # captures the 4-frame push
+        stream(graphed, codes_(1, sum(schedule), 50 + seed), schedule)
+    codes = codes_(1, sum(schedule), 60)
+    bad = codes.clone()
+    bad[0, 3, 20] = 1025  # a MASK code, in the third 4-frame push (a replay)
+    graphed.reset()
+    replays = graphed.graph_replays
+    n = 0
+    for size in schedule:
+        graphed.push(bad[..., n : n + size])
+        n += size
+    assert graphed.graph_replays > replays
+    with pytest.raises(ValueError, match=r"0\.\.1023; got values in 0\.\.1025.*reset\(\)"):
+        graphed.flush()
+    fresh = StreamingDACDecoder(codec, fp16_autocast=False, cuda_graphs=False)
+    assert torch.equal(stream(graphed, codes, schedule), stream(fresh, codes, schedule))
+    negative = codes.clone()
+    negative[0, 0, 0] = -1
+    graphed.reset()
+    graphed.push(negative)
+    with pytest.raises(ValueError, match=r"got values in -1\.\."):
+        graphed.flush()

@@ -202,10 +202,11 @@ class DACAutoencoder:
         return validate_codes(codes, self.num_codebooks, self.codebook_size)
 
 
-def validate_codes(codes: Tensor, num_codebooks: int, codebook_size: int) -> Tensor:
+def validate_codes(codes: Tensor, num_codebooks: int, codebook_size: int, *, values: bool = True) -> Tensor:
     """Check that ``codes`` is an integer tensor ``[B, num_codebooks, T]`` of valid code values.
 
-    Raises ``TypeError``/``ValueError`` naming the problem; returns the codes as int64.
+    Raises ``TypeError``/``ValueError`` naming the problem; returns the codes as int64.  ``values=False``
+    checks the shape and dtype only (reading the values of CUDA codes waits for the GPU).
     """
     if not isinstance(codes, Tensor):
         raise TypeError(f"codes must be a torch.Tensor, got {type(codes).__name__}")
@@ -213,15 +214,19 @@ def validate_codes(codes: Tensor, num_codebooks: int, codebook_size: int) -> Ten
         raise ValueError(f"codes must have shape [B, {num_codebooks}, T]; got {tuple(codes.shape)}")
     if torch.is_floating_point(codes) or torch.is_complex(codes) or codes.dtype == torch.bool:
         raise TypeError(f"codes must be an integer tensor (int64), got {codes.dtype}")
-    if codes.numel():
-        lo, hi = int(codes.min()), int(codes.max())
-        if lo < 0 or hi >= codebook_size:
-            raise ValueError(
-                f"codes must lie in 0..{codebook_size - 1}; got values in {lo}..{hi}. Replace the "
-                f"generator's special codes (EOS {codebook_size}, MASK {codebook_size + 1}) with 0 "
-                f"first, e.g. codes.masked_fill(codes >= {codebook_size}, 0)"
-            )
+    if values and codes.numel():
+        check_code_range(int(codes.min()), int(codes.max()), codebook_size)
     return codes.long()
+
+
+def check_code_range(lo: int, hi: int, codebook_size: int) -> None:
+    """Raise ``ValueError`` unless codes with values in ``lo..hi`` are valid code values."""
+    if lo < 0 or hi >= codebook_size:
+        raise ValueError(
+            f"codes must lie in 0..{codebook_size - 1}; got values in {lo}..{hi}. Replace the "
+            f"generator's special codes (EOS {codebook_size}, MASK {codebook_size + 1}) with 0 "
+            f"first, e.g. codes.masked_fill(codes >= {codebook_size}, 0)"
+        )
 
 
 def _config_from_descript_kwargs(kwargs: Mapping[str, object]) -> DACConfig:

@@ -62,7 +62,7 @@ import torch
 from torch import Tensor, nn
 
 from zonos import ops
-from zonos.codec.autoencoder import DACAutoencoder, decode_precision, validate_codes
+from zonos.codec.autoencoder import DACAutoencoder, check_code_range, decode_precision, validate_codes
 from zonos.codec.dac import DAC, DACConfig, ResidualUnit, Snake1d, conv_dtype
 
 __all__ = ["StreamingDACDecoder", "ReceptiveField", "receptive_field"]
@@ -441,6 +441,7 @@ class _Captured:
     input: Tensor | None  # codes [B, 9, n] or latent [B, hidden, n], copied in before each replay
     output: Tensor | None  # audio [B, 1, m] float32, overwritten by each replay (and other graphs')
     after: list[tuple[_Stage, dict]]  # the stages' state attributes after the push
+    after_key: tuple  # their graph key (:meth:`StreamingDACDecoder._state_key`)
 
 
 def _uncached_autocast() -> contextlib.AbstractContextManager:
@@ -504,6 +505,8 @@ class StreamingDACDecoder:
         self._stream: torch.cuda.Stream | None = None  # where the state was last touched
         self.graph_captures = 0
         self.graph_replays = 0
+        self._code_bounds: Tensor | None = None  # [min, max] of the CUDA codes pushed, 0 included
+        self._state_key_cache: tuple | None = None
         self.reset()
 
     def reset(self) -> None:
@@ -511,6 +514,9 @@ class StreamingDACDecoder:
         self._order_streams()
         for stage in self._stages:
             stage.reset()
+        self._state_key_cache = None
+        if self._code_bounds is not None:
+            self._code_bounds.zero_()
         self._batch: int | None = None
         self._finished = False
         self.frames_pushed = 0
@@ -521,10 +527,15 @@ class StreamingDACDecoder:
         return next(self.dac.parameters()).device
 
     def push(self, codes: Tensor) -> Tensor:
-        """Feed the next code frames ``[B, n_codebooks, n]``; returns the newly final audio ``[B, 1, m]``."""
+        """Feed the next code frames ``[B, n_codebooks, n]``; returns the newly final audio ``[B, 1, m]``.
+
+        Code values outside ``0 .. codebook_size - 1`` raise ``ValueError``: at once for codes on the CPU; for
+        codes on a GPU, at :meth:`flush` (reading them here would make the CPU wait for the GPU at every push),
+        and the audio returned until then is invalid (the lookup clamps them)."""
         config = self.dac.config
         device = self._device
-        codes = validate_codes(codes, config.n_codebooks, config.codebook_size).to(device)
+        codes = validate_codes(codes, config.n_codebooks, config.codebook_size, values=not codes.is_cuda)
+        codes = codes.to(device)
         with torch.no_grad(), decode_precision(device, self.fp16_autocast):
             self._start(codes.shape[0], device)
             return self._push("codes", codes)
@@ -544,6 +555,12 @@ class StreamingDACDecoder:
         if self._finished:
             raise RuntimeError("the stream was already flushed; call reset() to start a new one")
         self._order_streams()
+        if self._code_bounds is not None:
+            lo, hi = self._code_bounds.tolist()
+            try:
+                check_code_range(lo, hi, self.dac.config.codebook_size)
+            except ValueError as err:
+                raise ValueError(f"this stream's audio is invalid, call reset() to start a new one: {err}") from None
         with torch.no_grad(), decode_precision(self._device, self.fp16_autocast):
             out = self._call("flush", None) if self.frames_pushed else None
         self._finished = True
@@ -599,9 +616,22 @@ class StreamingDACDecoder:
 
     def _forward(self, kind: str, x: Tensor | None) -> Tensor | None:
         """The eager push of codes or latent frames ``x``, or the flush: the stages' new output."""
+        self._state_key_cache = None  # the state changes
         if kind == "flush":
             return _flush(self._stages)
-        return _run(self._stages, self.dac.codes_to_latent(x) if kind == "codes" else x)
+        return _run(self._stages, self.dac.codes_to_latent(self._tracked(x)) if kind == "codes" else x)
+
+    def _tracked(self, codes: Tensor) -> Tensor:
+        """CUDA codes clamped into the codebook, their range folded into ``_code_bounds`` for :meth:`flush` to
+        check: no host sync, and a few tiny kernels inside the push's graph."""
+        if not codes.is_cuda:
+            return codes  # checked by push
+        if self._code_bounds is None or self._code_bounds.device != codes.device:
+            self._code_bounds = torch.zeros(2, dtype=torch.long, device=codes.device)  # eager before any capture
+        lo, hi = torch.aminmax(codes)
+        torch.minimum(self._code_bounds[0], lo, out=self._code_bounds[0])
+        torch.maximum(self._code_bounds[1], hi, out=self._code_bounds[1])
+        return codes.clamp(0, self.dac.config.codebook_size - 1)
 
     def _call(self, kind: str, x: Tensor | None) -> Tensor | None:
         """:meth:`_forward`, replayed from a CUDA graph where one was captured for this state and input."""
@@ -617,6 +647,7 @@ class StreamingDACDecoder:
                 captured.input.copy_(x)
             captured.graph.replay()
             self._restore(captured.after)
+            self._state_key_cache = captured.after_key
             self.graph_replays += 1
             # Other graphs of the pool may reuse the output's memory: hand out a copy.
             return None if captured.output is None else captured.output.clone()
@@ -633,14 +664,9 @@ class StreamingDACDecoder:
     def _graph_key(self, kind: str, x: Tensor | None) -> tuple:
         """What a captured push or flush is valid for: the state's shapes (each tensor's is the buffer a static
         stage keeps it in) and int values, the input's shape and the numeric mode."""
-        state = tuple(
-            tuple(v.shape) if isinstance(v, Tensor) else v
-            for stage in self._all_stages()
-            for v in (getattr(stage, a) for a in stage.state_attrs)
-        )
         return (
             kind,
-            state,
+            self._state_key(),
             self._batch,
             None if x is None else (tuple(x.shape), x.dtype),
             self._device,
@@ -651,6 +677,16 @@ class StreamingDACDecoder:
             torch.backends.cudnn.deterministic,
             torch.backends.cuda.matmul.allow_tf32,
         )
+
+    def _state_key(self) -> tuple:
+        """The state's part of the graph key, cached until a push changes the state (a replay knows it)."""
+        if self._state_key_cache is None:
+            self._state_key_cache = tuple(
+                tuple(v.shape) if isinstance(v, Tensor) else v
+                for stage in self._all_stages()
+                for v in (getattr(stage, a) for a in stage.state_attrs)
+            )
+        return self._state_key_cache
 
     def _snapshot(self) -> list[tuple[_Stage, dict]]:
         return [(s, {a: getattr(s, a) for a in s.state_attrs}) for s in self._all_stages() if s.state_attrs]
@@ -707,7 +743,7 @@ class StreamingDACDecoder:
         ):
             raise RuntimeError("the captured push left another state than the eager one (a bug)")
         self.graph_captures += 1
-        return out, _Captured(graph, static_in, static_out, after)
+        return out, _Captured(graph, static_in, static_out, after, self._state_key())  # the state is `after`
 
     def _finish(self, out: Tensor | None) -> Tensor:
         if out is None:

@@ -16,8 +16,11 @@ parallel programs and the one that finishes last adds them (split-K, one launch)
 after another in one program.  Both add the same numbers in the same order, so the split changes the time,
 not the samples.
 
-Snake stays a launch of its own (:mod:`.snake`): applied as a conv loaded its input, it was recomputed for
-every tap and channel tile, which made these kernels 5x slower than cuDNN one-shot (H200).
+Snake is applied where its input is written (conv1 of a residual unit stores ``snake(y)``; a stream's
+history update writes Snake of the new samples), or as a launch of its own (:mod:`.snake`), never as a conv
+loads its input: there it was recomputed for every tap and channel tile, which made these kernels 5x slower
+than cuDNN one-shot (H200).  Every kernel is launched with PDL (:mod:`.pdl`), which hides most of the gap
+between the ~60 small launches of a streaming push (measured in docs/BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from zonos.ops import vocoder as reference
+from zonos_accel.triton import pdl
+from zonos_accel.triton.pdl import enter
 from zonos_accel.triton.snake import snake_fp32
 
 _TL_DTYPES = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
@@ -164,8 +169,9 @@ def _conv_kernel(
     s_rb, s_rc, s_rt, s_rhb, s_rhc, s_rht, s_ob, s_oc, s_ot,
     K: tl.constexpr, KP: tl.constexpr, BLOCK_CO: tl.constexpr, BLOCK_CI: tl.constexpr, BLOCK_T: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, TANH: tl.constexpr, SNAKE: tl.constexpr, GROUP: tl.constexpr,
-    SPLIT: tl.constexpr, COMPUTE: tl.constexpr, PRECISION: tl.constexpr,
+    SPLIT: tl.constexpr, COMPUTE: tl.constexpr, PRECISION: tl.constexpr, GDC: tl.constexpr,
 ):  # fmt: skip
+    enter(GDC)
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     co = tl.program_id(1) * BLOCK_CO + tl.arange(0, BLOCK_CO)
     b, group = _batch_and_group(n_groups, SPLIT)
@@ -200,8 +206,9 @@ def _conv_transpose_kernel(
     s_xb, s_xc, s_xt, s_wi, s_wo, s_wk, s_b, s_ob, s_oc, s_ot,
     K: tl.constexpr, MP: tl.constexpr, BLOCK_CO: tl.constexpr, BLOCK_CI: tl.constexpr, BLOCK_Q: tl.constexpr,
     HAS_BIAS: tl.constexpr, GROUP: tl.constexpr, SPLIT: tl.constexpr, COMPUTE: tl.constexpr,
-    PRECISION: tl.constexpr,
+    PRECISION: tl.constexpr, GDC: tl.constexpr,
 ):  # fmt: skip
+    enter(GDC)
     qi = tl.program_id(0) * BLOCK_Q + tl.arange(0, BLOCK_Q)
     q = q_first + qi
     co = tl.program_id(1) * BLOCK_CO + tl.arange(0, BLOCK_CO)
@@ -227,8 +234,9 @@ def _conv_transpose_kernel(
 def _tail_kernel(
     h_ptr, x_ptr, alpha_ptr, out_ptr, C, H, n, length, s_a,
     s_hb, s_hc, s_ht, s_xb, s_xc, s_xt, s_ob, s_oc, s_ot,
-    BLOCK_C: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_X: tl.constexpr, SNAKE: tl.constexpr,
+    BLOCK_C: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_X: tl.constexpr, SNAKE: tl.constexpr, GDC: tl.constexpr,
 ):  # fmt: skip
+    enter(GDC)
     c = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
     b = tl.program_id(2).to(tl.int64)
     c_ok = (c < C)[:, None]
@@ -393,6 +401,7 @@ def conv1d(
         HAS_BIAS=bias is not None, HAS_RES=rh is not out, TANH=tanh, SNAKE=alpha is not None, GROUP=GROUP_SLICES,
         SPLIT=split, COMPUTE=_TL_DTYPES[dtype], PRECISION=_precision(dtype), num_warps=warps,
         enable_fp_fusion=alpha is None,  # Snake rounded as torch rounds it; the other epilogues as measured
+        **pdl.options(x.device),
     )  # fmt: skip
     return out
 
@@ -436,7 +445,7 @@ def conv_transpose1d(
         *x.stride(), *weight.stride(), s_b, *out.stride(),
         K=k, MP=mp, BLOCK_CO=block_co, BLOCK_CI=block_ci, BLOCK_Q=block_q,
         HAS_BIAS=bias is not None, GROUP=GROUP_SLICES, SPLIT=split, COMPUTE=_TL_DTYPES[dtype],
-        PRECISION=_precision(dtype), num_warps=warps,
+        PRECISION=_precision(dtype), num_warps=warps, **pdl.options(x.device),
     )  # fmt: skip
     return out
 
@@ -478,5 +487,6 @@ def sequence_tail(
         *history.stride(), *x.stride(), *out.stride(),
         BLOCK_C=block_c, BLOCK_H=block_h, BLOCK_X=block_x, SNAKE=alpha is not None, num_warps=4,
         enable_fp_fusion=False,  # Snake rounded as torch rounds it
+        **pdl.options(x.device),
     )  # fmt: skip
     return out

@@ -3,13 +3,14 @@
 they do, in µs per push; and the one-shot decode of the same frames for comparison.
 
     python3 benchmarks/vocoder_profile.py [--chunks 1,2,8,32] [--pushes 20] [--ops triton,torch]
-                                          [--sweep tiles|groups|pdl] [--layers]
+                                          [--sweep tiles|groups|stages|pdl] [--layers]
 
 ``--ops torch`` runs the decoder's convs on cuDNN (Snake stays the Triton kernel).  ``--sweep tiles`` times the
 stream and the one-shot decode for each tile configuration of our conv kernels (the same for every layer and
 call, instead of ``_blocks``'s choice per call; any fixed one keeps the stream bit-exact, which the table
 checks); ``--sweep groups`` does the same for the reduction group size (``GROUP_SLICES``, the share of a
-split-K program), and without the split; ``--sweep pdl`` launches our kernels without and with PDL.
+split-K program), and without the split; ``--sweep stages`` for the loads in flight per program (register
+prefetch or Triton's pipeline); ``--sweep pdl`` launches our kernels without and with PDL.
 ``--layers`` lists the GPU time of each conv layer (our kernels), per push and one-shot.
 """
 
@@ -21,7 +22,6 @@ import re
 from collections import defaultdict
 
 import torch
-import triton
 from torch.profiler import ProfilerActivity, profile
 
 from benchmarks.common import table
@@ -75,8 +75,8 @@ def sweep_tiles(codec: DACAutoencoder, chunks: list[int]) -> None:
     try:
         for block_co, reduce, block_t in SWEEP:
 
-            def blocks(c_out, taps, n_out, rows, device, block_co=block_co, reduce=reduce, block_t=block_t):
-                return block_co, max(1, reduce // triton.next_power_of_2(taps)), block_t, 4
+            def blocks(c_out, n_out, rows, device, block_co=block_co, reduce=reduce, block_t=block_t):
+                return block_co, reduce, block_t, 4
 
             kernels._blocks = blocks
             for row in vocoder_cost(codec, 256, chunks):
@@ -102,6 +102,23 @@ def sweep_groups(codec: DACAutoencoder, chunks: list[int]) -> None:
     finally:
         kernels.GROUP_SLICES, kernels._split = default_group, default_split
     print(table(rows, "Reduction group sizes of the vocoder conv kernels (256 frames, fp16)"))
+
+
+STAGE_SWEEP = [(1, 1), (2, 1), (3, 1), (4, 1), (3, 3)]  # (split-K launches, the others): loads in flight
+
+
+def sweep_stages(codec: DACAutoencoder, chunks: list[int]) -> None:
+    """Stream and one-shot cost per pipelining depth of the conv kernels' reduction loop."""
+    default = kernels.STAGES_SPLIT, kernels.STAGES
+    rows = []
+    try:
+        for split, other in STAGE_SWEEP:
+            kernels.STAGES_SPLIT, kernels.STAGES = split, other
+            for row in vocoder_cost(codec, 256, chunks):
+                rows.append({"stages (split-K)": split, "stages (others)": other, **row})
+    finally:
+        kernels.STAGES_SPLIT, kernels.STAGES = default
+    print(table(rows, "Pipelining depth of the vocoder conv kernels (1 = register prefetch; 256 frames, fp16)"))
 
 
 def sweep_pdl(codec: DACAutoencoder, chunks: list[int]) -> None:
@@ -225,8 +242,8 @@ def main() -> None:
     p.add_argument("--ops", default="triton", choices=["triton", "torch"], help="the decoder convs' implementation")
     p.add_argument(
         "--sweep",
-        choices=["tiles", "groups", "pdl"],
-        help="time every tile configuration of SWEEP, every group size of GROUP_SWEEP, or PDL off and on, instead",
+        choices=["tiles", "groups", "stages", "pdl"],
+        help="time every configuration of SWEEP (tiles), GROUP_SWEEP, STAGE_SWEEP, or PDL off and on, instead",
     )
     p.add_argument("--layers", action="store_true", help="GPU time of each conv layer instead of kernel groups")
     args = p.parse_args()
@@ -235,7 +252,8 @@ def main() -> None:
     codec = DACAutoencoder(DACConfig(), device="cuda")
     enable_triton_ops()
     if args.sweep:
-        {"tiles": sweep_tiles, "groups": sweep_groups, "pdl": sweep_pdl}[args.sweep](codec, args.chunks)
+        sweeps = {"tiles": sweep_tiles, "groups": sweep_groups, "stages": sweep_stages, "pdl": sweep_pdl}
+        sweeps[args.sweep](codec, args.chunks)
         return
     if args.layers:
         if args.ops == "torch":

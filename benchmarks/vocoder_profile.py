@@ -3,14 +3,14 @@
 they do, in µs per push; and the one-shot decode of the same frames for comparison.
 
     python3 benchmarks/vocoder_profile.py [--chunks 1,2,8,32] [--pushes 20] [--ops triton,torch]
-                                          [--sweep tiles|groups|stages|pdl] [--layers]
+                                          [--sweep tiles|groups|stages] [--layers]
 
 ``--ops torch`` runs the decoder's convs on cuDNN (Snake stays the Triton kernel).  ``--sweep tiles`` times the
 stream and the one-shot decode for each tile configuration of our conv kernels (the same for every layer and
 call, instead of ``_blocks``'s choice per call; any fixed one keeps the stream bit-exact, which the table
 checks); ``--sweep groups`` does the same for the reduction group size (``GROUP_SLICES``, the share of a
-split-K program), and without the split; ``--sweep stages`` for the loads in flight per program (register
-prefetch or Triton's pipeline); ``--sweep pdl`` launches our kernels without and with PDL.
+split-K program), and without the split; ``--sweep stages`` for the loads in flight per program in the long
+calls (register prefetch or Triton's pipeline).
 ``--layers`` lists the GPU time of each conv layer (our kernels), per push and one-shot.
 """
 
@@ -29,7 +29,7 @@ from benchmarks.streaming import torch_layer_ops, vocoder_cost
 from zonos.codec.autoencoder import DACAutoencoder
 from zonos.codec.dac import DACConfig
 from zonos.codec.streaming import StreamingDACDecoder
-from zonos_accel.triton import enable_triton_ops, pdl
+from zonos_accel.triton import enable_triton_ops
 from zonos_accel.triton import vocoder as kernels
 
 GROUPS = [  # first match wins
@@ -68,70 +68,63 @@ def summarize(events: list, per: int) -> dict[str, tuple[float, float]]:
 SWEEP = [(co, red, t) for co in (16, 32, 64) for red in (64, 128) for t in (32, 64)]
 
 
-def sweep_tiles(codec: DACAutoencoder, chunks: list[int]) -> None:
-    """Stream and one-shot cost per tile configuration, with the count of streamed samples that differ."""
-    default = kernels._blocks
-    rows = []
+def sweep(codec: DACAutoencoder, chunks: list[int], configs: list[dict], apply, title: str) -> None:
+    """Stream and one-shot cost (256 frames, fp16) under each of ``configs`` (``apply(config)`` sets one up; ``None``
+    restores the default), a table printed as each configuration finishes (compiles dominate a sweep's time)."""
     try:
-        for block_co, reduce, block_t in SWEEP:
-
-            def blocks(c_out, n_out, rows, device, block_co=block_co, reduce=reduce, block_t=block_t):
-                return block_co, reduce, block_t, 4
-
-            kernels._blocks = blocks
-            for row in vocoder_cost(codec, 256, chunks):
-                rows.append({"BLOCK_CO": block_co, "reduction slice": reduce, "BLOCK_T": block_t, **row})
+        for config in configs:
+            apply(config)
+            print(table([{**config, **row} for row in vocoder_cost(codec, 256, chunks)], title), flush=True)
     finally:
-        kernels._blocks = default
-    print(table(rows, "Tile configurations of the vocoder conv kernels (every layer alike; 256 frames, fp16)"))
+        apply(None)
+
+
+# (BLOCK_CO, reduction slice, BLOCK_T): output channels × samples per program, reduction elements per step.
+SWEEP = [(co, red, t) for co in (16, 32, 64) for red in (64, 128) for t in (32, 64)]
+
+
+def sweep_tiles(codec: DACAutoencoder, chunks: list[int]) -> None:
+    """The same tile for every layer and call instead of ``_blocks``'s choice; any keeps the stream bit-exact."""
+    default = kernels._blocks
+
+    def apply(config):
+        if config is None:
+            kernels._blocks = default
+            return
+        co, red, t = config["BLOCK_CO"], config["reduction slice"], config["BLOCK_T"]
+        kernels._blocks = lambda c_out, n_out, rows, device: (co, red, t, 4)
+
+    configs = [{"BLOCK_CO": co, "reduction slice": red, "BLOCK_T": t} for co, red, t in SWEEP]
+    sweep(codec, chunks, configs, apply, "Tile configuration of the vocoder conv kernels (every layer alike)")
 
 
 GROUP_SWEEP = [4, 8, 16, 32, None]  # slices per reduction group; None: no split-K launches
 
 
 def sweep_groups(codec: DACAutoencoder, chunks: list[int]) -> None:
-    """Stream and one-shot cost per reduction group size, with the count of streamed samples that differ."""
     default_group, default_split = kernels.GROUP_SLICES, kernels._split
-    rows = []
-    try:
-        for group in GROUP_SWEEP:
-            kernels.GROUP_SLICES = group or default_group
-            kernels._split = default_split if group else (lambda n_groups, tiles, device: False)
-            for row in vocoder_cost(codec, 256, chunks):
-                rows.append({"group slices": group or f"{default_group}, no split", **row})
-    finally:
-        kernels.GROUP_SLICES, kernels._split = default_group, default_split
-    print(table(rows, "Reduction group sizes of the vocoder conv kernels (256 frames, fp16)"))
+
+    def apply(config):
+        group = None if config is None else config["group slices"]
+        kernels.GROUP_SLICES = group if isinstance(group, int) else default_group
+        no_split = config is not None and not isinstance(group, int)
+        kernels._split = (lambda n_groups, tiles, device: False) if no_split else default_split
+
+    configs = [{"group slices": g or f"{default_group}, no split"} for g in GROUP_SWEEP]
+    sweep(codec, chunks, configs, apply, "Reduction group size of the vocoder conv kernels")
 
 
-STAGE_SWEEP = [(1, 1), (2, 1), (3, 1), (4, 1), (3, 3)]  # (split-K launches, the others): loads in flight
+STAGE_SWEEP = [3, 1]  # loads in flight in the long calls' loop (1: register prefetch; the others: Triton's)
 
 
 def sweep_stages(codec: DACAutoencoder, chunks: list[int]) -> None:
-    """Stream and one-shot cost per pipelining depth of the conv kernels' reduction loop."""
-    default = kernels.STAGES_SPLIT, kernels.STAGES
-    rows = []
-    try:
-        for split, other in STAGE_SWEEP:
-            kernels.STAGES_SPLIT, kernels.STAGES = split, other
-            for row in vocoder_cost(codec, 256, chunks):
-                rows.append({"stages (split-K)": split, "stages (others)": other, **row})
-    finally:
-        kernels.STAGES_SPLIT, kernels.STAGES = default
-    print(table(rows, "Pipelining depth of the vocoder conv kernels (1 = register prefetch; 256 frames, fp16)"))
+    default = kernels.STAGES_LONG
 
+    def apply(config):
+        kernels.STAGES_LONG = default if config is None else config["stages (long calls)"]
 
-def sweep_pdl(codec: DACAutoencoder, chunks: list[int]) -> None:
-    """Stream and one-shot cost with our kernels launched with and without PDL."""
-    rows = []
-    try:
-        for enabled in (False, True):
-            pdl.ENABLED = enabled
-            for row in vocoder_cost(codec, 256, chunks):
-                rows.append({"PDL": "on" if enabled else "off", **row})
-    finally:
-        pdl.ENABLED = True
-    print(table(rows, "Vocoder kernels launched with and without PDL (256 frames, fp16)"))
+    configs = [{"stages (long calls)": n} for n in STAGE_SWEEP]
+    sweep(codec, chunks, configs, apply, "Pipelining depth of the vocoder conv kernels' long calls")
 
 
 def conv_layer_names(codec: DACAutoencoder) -> list[str]:
@@ -242,8 +235,8 @@ def main() -> None:
     p.add_argument("--ops", default="triton", choices=["triton", "torch"], help="the decoder convs' implementation")
     p.add_argument(
         "--sweep",
-        choices=["tiles", "groups", "stages", "pdl"],
-        help="time every configuration of SWEEP (tiles), GROUP_SWEEP, STAGE_SWEEP, or PDL off and on, instead",
+        choices=["tiles", "groups", "stages"],
+        help="time every configuration of SWEEP (tiles), GROUP_SWEEP or STAGE_SWEEP instead",
     )
     p.add_argument("--layers", action="store_true", help="GPU time of each conv layer instead of kernel groups")
     args = p.parse_args()
@@ -252,7 +245,7 @@ def main() -> None:
     codec = DACAutoencoder(DACConfig(), device="cuda")
     enable_triton_ops()
     if args.sweep:
-        sweeps = {"tiles": sweep_tiles, "groups": sweep_groups, "stages": sweep_stages, "pdl": sweep_pdl}
+        sweeps = {"tiles": sweep_tiles, "groups": sweep_groups, "stages": sweep_stages}
         sweeps[args.sweep](codec, args.chunks)
         return
     if args.layers:

@@ -154,8 +154,7 @@ def test_output_tiles_and_pipelines_do_not_change_the_sums(target, dtype, monkey
 
         monkeypatch.setattr(fast, "_blocks", blocks)
         monkeypatch.setattr(fast, "_split", lambda n_groups, tiles, device, split=split: split and n_groups > 1)
-        monkeypatch.setattr(fast, "STAGES", stages)
-        monkeypatch.setattr(fast, "STAGES_SPLIT", stages)
+        monkeypatch.setattr(fast, "_stages", lambda block_co, block_t, stages=stages: stages)
         _poison(device)
         outs.append(
             (
@@ -251,8 +250,7 @@ def test_split_reduction_equals_one_program_bit_for_bit(target, dtype, monkeypat
     outs = {}
     for split, stages in itertools.product((True, False), (1, 3)):
         monkeypatch.setattr(fast, "_split", lambda n_groups, tiles, device, split=split: split and n_groups > 1)
-        monkeypatch.setattr(fast, "STAGES", stages)
-        monkeypatch.setattr(fast, "STAGES_SPLIT", stages)
+        monkeypatch.setattr(fast, "_stages", lambda block_co, block_t, stages=stages: stages)
         for c_in, c_out, k, d, t, tanh in SPLIT_CASES:
             if device.type == "cpu" and tanh:
                 tanh = False  # the interpreter has no libdevice

@@ -4,11 +4,10 @@ A kernel launched with PDL may start while the kernel before it on the stream is
 program of that kernel has signalled ``griddepcontrol.launch_dependents`` (or exited). Each of our kernels
 begins with :func:`enter`: ``griddepcontrol.wait`` first, so nothing is read or written before the previous
 kernel has finished and its writes are visible (stream order holds), then ``launch_dependents``, so the next
-PDL kernel can be scheduled right away instead of after this one drains. In the decode step and the
-streaming vocoder's pushes that hides the launch gap between consecutive kernels, and lets the CuTeDSL GEMV
-(``use_cute_gemv``), which streams its weights before its own wait, start reading them while the norm or
-activation before it runs. Kernels launched without PDL (e.g. under torch ops) treat both instructions as
-no-ops.
+PDL kernel can be scheduled right away instead of after this one drains. In the decode step that hides the
+launch gap between consecutive kernels, and lets the CuTeDSL GEMV (``use_cute_gemv``), which streams its
+weights before its own wait, start reading them while the norm or activation before it runs. Kernels
+launched without PDL (e.g. under torch ops) treat both instructions as no-ops.
 """
 
 from __future__ import annotations

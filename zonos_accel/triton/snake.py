@@ -14,8 +14,6 @@ import triton
 import triton.language as tl
 
 from zonos.ops.snake import snake as reference_snake
-from zonos_accel.triton import pdl
-from zonos_accel.triton.pdl import enter
 
 TILE = 1024  # elements per program: channels × samples, the samples axis filled first
 
@@ -45,9 +43,7 @@ def _snake_kernel(
     stride_ot,
     BLOCK_C: tl.constexpr,
     BLOCK_T: tl.constexpr,
-    GDC: tl.constexpr,
 ):
-    enter(GDC)
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     b = tl.program_id(2).to(tl.int64)
@@ -97,6 +93,5 @@ def snake(
         BLOCK_T=block_t,
         num_warps=4,
         enable_fp_fusion=False,  # torch rounds the product before the add
-        **pdl.options(x.device),
     )
     return out

@@ -19,8 +19,8 @@ not the samples.
 Snake is applied where its input is written (conv1 of a residual unit stores ``snake(y)``; a stream's
 history update writes Snake of the new samples), or as a launch of its own (:mod:`.snake`), never as a conv
 loads its input: there it was recomputed for every tap and channel tile, which made these kernels 5x slower
-than cuDNN one-shot (H200).  Every kernel is launched with PDL (:mod:`.pdl`), which hides most of the gap
-between the ~60 small launches of a streaming push (measured in docs/BENCHMARKS.md).
+than cuDNN one-shot (H200).  (Launching them with PDL, as the decode step's kernels are, changed no push's time
+on an H200: docs/BENCHMARKS.md.)
 """
 
 from __future__ import annotations
@@ -34,17 +34,15 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from zonos.ops import vocoder as reference
-from zonos_accel.triton import pdl
-from zonos_accel.triton.pdl import enter
 from zonos_accel.triton.snake import snake_fp32
 
 _TL_DTYPES = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
 REDUCE = 64  # reduction elements (input channel × tap pairs) per tensor-core step
 GROUP_SLICES = 16  # reduction slices per group (a split-K program's share)
 # Loads in flight per program (``_reduce``): 1 prefetches each slice into registers one iteration ahead; n >= 2
-# lets Triton pipeline the loop n deep (the weights through shared memory).  The same sums either way.
-STAGES_SPLIT = 3  # split-K launches (a streaming push's small calls)
-STAGES = 1  # the others
+# lets Triton pipeline the loop n deep (the weights through shared memory).  The same sums either way; calls with
+# the largest tile (long decodes) pipeline, the smaller ones (streaming pushes) did as well with the prefetch.
+STAGES_LONG = 3
 
 
 @triton.jit
@@ -199,9 +197,8 @@ def _conv_kernel(
     s_rb, s_rc, s_rt, s_rhb, s_rhc, s_rht, s_ob, s_oc, s_ot,
     K: tl.constexpr, BLOCK_CO: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, TANH: tl.constexpr, SNAKE: tl.constexpr, GROUP: tl.constexpr,
-    SPLIT: tl.constexpr, PREFETCH: tl.constexpr, COMPUTE: tl.constexpr, PRECISION: tl.constexpr, GDC: tl.constexpr,
+    SPLIT: tl.constexpr, PREFETCH: tl.constexpr, COMPUTE: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
-    enter(GDC)
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     co = tl.program_id(1) * BLOCK_CO + tl.arange(0, BLOCK_CO)
     b, group = _batch_and_group(n_groups, SPLIT)
@@ -234,9 +231,8 @@ def _conv_transpose_kernel(
     s_xb, s_xc, s_xt, s_wi, s_wo, s_wk, s_b, s_ob, s_oc, s_ot,
     K: tl.constexpr, MP: tl.constexpr, BLOCK_CO: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_Q: tl.constexpr,
     HAS_BIAS: tl.constexpr, GROUP: tl.constexpr, SPLIT: tl.constexpr, PREFETCH: tl.constexpr,
-    COMPUTE: tl.constexpr, PRECISION: tl.constexpr, GDC: tl.constexpr,
+    COMPUTE: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
-    enter(GDC)
     qi = tl.program_id(0) * BLOCK_Q + tl.arange(0, BLOCK_Q)
     q = q_first + qi
     co = tl.program_id(1) * BLOCK_CO + tl.arange(0, BLOCK_CO)
@@ -259,9 +255,8 @@ def _conv_transpose_kernel(
 def _tail_kernel(
     h_ptr, x_ptr, alpha_ptr, out_ptr, C, H, n, length, s_a,
     s_hb, s_hc, s_ht, s_xb, s_xc, s_xt, s_ob, s_oc, s_ot,
-    BLOCK_C: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_X: tl.constexpr, SNAKE: tl.constexpr, GDC: tl.constexpr,
+    BLOCK_C: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_X: tl.constexpr, SNAKE: tl.constexpr,
 ):  # fmt: skip
-    enter(GDC)
     c = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
     b = tl.program_id(2).to(tl.int64)
     c_ok = (c < C)[:, None]
@@ -322,6 +317,10 @@ def _blocks(c_out: int, n_out: int, rows: int, device: torch.device) -> tuple[in
         if triton.cdiv(n_out, block_t) * triton.cdiv(c_out, block_co) * rows >= 2 * _sm_count(device):
             break
     return block_co, REDUCE, block_t, 4
+
+
+def _stages(block_co: int, block_t: int) -> int:
+    return STAGES_LONG if (block_co, block_t) == TILES[0] else 1
 
 
 @functools.cache
@@ -419,7 +418,7 @@ def conv1d(
     n_groups = _groups(c_in * k, block_r)
     split = _split(n_groups, math.prod(grid), x.device)
     parts, counts = _split_buffers(math.prod(grid), n_groups, block_co, block_t, x) if split else (out, out)
-    stages = STAGES_SPLIT if split else STAGES
+    stages = _stages(block_co, block_t)
     a = weight if alpha is None else alpha.reshape(c_out)
     _conv_kernel[(grid[0], grid[1], grid[2] * (n_groups if split else 1))](
         x, weight, b_ptr, residual, rh, a, out, parts, counts,
@@ -431,7 +430,6 @@ def conv1d(
         SPLIT=split, PREFETCH=stages == 1, COMPUTE=_TL_DTYPES[dtype], PRECISION=_precision(dtype), num_warps=warps,
         num_stages=stages,
         enable_fp_fusion=alpha is None,  # Snake rounded as torch rounds it; the other epilogues as measured
-        **pdl.options(x.device),
     )  # fmt: skip
     return out
 
@@ -469,14 +467,14 @@ def conv_transpose1d(
     n_groups = _groups(c_in * mp, block_r)
     split = _split(n_groups, math.prod(grid), x.device)
     parts, counts = _split_buffers(math.prod(grid), n_groups, block_co, block_q, x) if split else (out, out)
-    stages = STAGES_SPLIT if split else STAGES
+    stages = _stages(block_co, block_q)
     _conv_transpose_kernel[(grid[0], grid[1], grid[2] * (n_groups if split else 1))](
         x, weight, b_ptr, out, parts, counts,
         c_in, c_out, n, stride, start, length, q_first, n_q, n_groups,
         *x.stride(), *weight.stride(), s_b, *out.stride(),
         K=k, MP=mp, BLOCK_CO=block_co, BLOCK_R=block_r, BLOCK_Q=block_q,
         HAS_BIAS=bias is not None, GROUP=GROUP_SLICES, SPLIT=split, PREFETCH=stages == 1, COMPUTE=_TL_DTYPES[dtype],
-        PRECISION=_precision(dtype), num_warps=warps, num_stages=stages, **pdl.options(x.device),
+        PRECISION=_precision(dtype), num_warps=warps, num_stages=stages,
     )  # fmt: skip
     return out
 
@@ -518,6 +516,5 @@ def sequence_tail(
         *history.stride(), *x.stride(), *out.stride(),
         BLOCK_C=block_c, BLOCK_H=block_h, BLOCK_X=block_x, SNAKE=alpha is not None, num_warps=4,
         enable_fp_fusion=False,  # Snake rounded as torch rounds it
-        **pdl.options(x.device),
     )  # fmt: skip
     return out

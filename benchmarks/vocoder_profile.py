@@ -3,14 +3,13 @@
 they do, in µs per push; and the one-shot decode of the same frames for comparison.
 
     python3 benchmarks/vocoder_profile.py [--chunks 1,2,8,32] [--pushes 20] [--ops triton,torch]
-                                          [--sweep tiles|groups|stages] [--layers]
+                                          [--sweep tiles|groups] [--layers]
 
 ``--ops torch`` runs the decoder's convs on cuDNN (Snake stays the Triton kernel).  ``--sweep tiles`` times the
 stream and the one-shot decode for each tile configuration of our conv kernels (the same for every layer and
 call, instead of ``_blocks``'s choice per call; any fixed one keeps the stream bit-exact, which the table
 checks); ``--sweep groups`` does the same for the reduction group size (``GROUP_SLICES``, the share of a
-split-K program), and without the split; ``--sweep stages`` for the loads in flight per program in the long
-calls (register prefetch or Triton's pipeline).
+split-K program), and without the split.
 ``--layers`` lists the GPU time of each conv layer (our kernels), per push and one-shot.
 """
 
@@ -23,6 +22,7 @@ from collections import defaultdict
 
 import torch
 from torch.profiler import ProfilerActivity, profile
+from triton import next_power_of_2
 
 from benchmarks.common import table
 from benchmarks.streaming import torch_layer_ops, vocoder_cost
@@ -79,7 +79,7 @@ def sweep(codec: DACAutoencoder, chunks: list[int], configs: list[dict], apply, 
         apply(None)
 
 
-# (BLOCK_CO, reduction slice, BLOCK_T): output channels × samples per program, reduction elements per step.
+# (BLOCK_CO, reduction slice, BLOCK_T): output channels × samples per program, channels × padded taps per step.
 SWEEP = [(co, red, t) for co in (16, 32, 64) for red in (64, 128) for t in (32, 64)]
 
 
@@ -92,7 +92,7 @@ def sweep_tiles(codec: DACAutoencoder, chunks: list[int]) -> None:
             kernels._blocks = default
             return
         co, red, t = config["BLOCK_CO"], config["reduction slice"], config["BLOCK_T"]
-        kernels._blocks = lambda c_out, n_out, rows, device: (co, red, t, 4)
+        kernels._blocks = lambda c_out, taps, n_out, rows, device: (co, max(1, red // next_power_of_2(taps)), t, 4)
 
     configs = [{"BLOCK_CO": co, "reduction slice": red, "BLOCK_T": t} for co, red, t in SWEEP]
     sweep(codec, chunks, configs, apply, "Tile configuration of the vocoder conv kernels (every layer alike)")
@@ -112,19 +112,6 @@ def sweep_groups(codec: DACAutoencoder, chunks: list[int]) -> None:
 
     configs = [{"group slices": g or f"{default_group}, no split"} for g in GROUP_SWEEP]
     sweep(codec, chunks, configs, apply, "Reduction group size of the vocoder conv kernels")
-
-
-STAGE_SWEEP = [3, 1]  # loads in flight in the long calls' loop (1: register prefetch; the others: Triton's)
-
-
-def sweep_stages(codec: DACAutoencoder, chunks: list[int]) -> None:
-    default = kernels.STAGES_LONG
-
-    def apply(config):
-        kernels.STAGES_LONG = default if config is None else config["stages (long calls)"]
-
-    configs = [{"stages (long calls)": n} for n in STAGE_SWEEP]
-    sweep(codec, chunks, configs, apply, "Pipelining depth of the vocoder conv kernels' long calls")
 
 
 def conv_layer_names(codec: DACAutoencoder) -> list[str]:
@@ -235,8 +222,8 @@ def main() -> None:
     p.add_argument("--ops", default="triton", choices=["triton", "torch"], help="the decoder convs' implementation")
     p.add_argument(
         "--sweep",
-        choices=["tiles", "groups", "stages"],
-        help="time every configuration of SWEEP (tiles), GROUP_SWEEP or STAGE_SWEEP instead",
+        choices=["tiles", "groups"],
+        help="time every configuration of SWEEP (tiles) or GROUP_SWEEP instead",
     )
     p.add_argument("--layers", action="store_true", help="GPU time of each conv layer instead of kernel groups")
     args = p.parse_args()
@@ -245,7 +232,7 @@ def main() -> None:
     codec = DACAutoencoder(DACConfig(), device="cuda")
     enable_triton_ops()
     if args.sweep:
-        sweeps = {"tiles": sweep_tiles, "groups": sweep_groups, "stages": sweep_stages}
+        sweeps = {"tiles": sweep_tiles, "groups": sweep_groups}
         sweeps[args.sweep](codec, args.chunks)
         return
     if args.layers:

@@ -1,14 +1,14 @@
 """The DAC decoder's convolutions (``zonos.ops.conv1d``, ``conv_transpose1d``, ``sequence_tail``) as Triton
 kernels: one launch per conv, with bias, residual, tanh and the next conv's Snake applied before the store.
 
-Each conv is an implicit GEMM on tensor cores: a program owns a tile of output channels × output samples of one
-batch row and walks the reduction (input channel × tap pairs in the weights' order, so each output channel reads
-its weights as one contiguous row) in slices of a fixed size. The reduction order depends only on the layer's
-shape, and the output tile, chosen per call, does not change it, so every output sample is the same sum, in the
-same order, whatever the length of the input and wherever the sample lies in it: the streaming decoder, which
-feeds ``[history | new]`` windows, gets the one-shot decode's samples bit for bit. (cuDNN picks its algorithm by
-input length: its 16-bit stream was 56.6 dB from one-shot on an H200.) A transposed conv runs as ``stride`` phase
-convs: output sample ``u = q s + r`` sums taps ``r + m s`` of inputs ``q - m``.
+Each conv is an implicit GEMM on tensor cores: a program owns a tile of output channels × output samples of
+one batch row and walks the reduction (input channels × taps, taps padded to a power of two with zeros) in
+slices of a fixed size.  The reduction order depends only on the layer's shape, and the output tile, chosen
+per call, does not change it, so every output sample is the same sum, in the same order, whatever the length
+of the input and wherever the sample lies in it: the streaming decoder, which feeds ``[history | new]``
+windows, gets the one-shot decode's samples bit for bit.  (cuDNN picks its algorithm by input length: its
+16-bit stream was 56.6 dB from one-shot on an H200.)  A transposed conv runs as ``stride`` phase convs: output
+sample ``u = q s + r`` sums taps ``r + m s`` of inputs ``q - m``.
 
 The reduction is summed in groups of ``GROUP_SLICES`` slices (fixed per layer shape), each from zero, and the
 groups' sums are added in order.  A call with few output tiles (a streaming push) runs the groups of a tile in
@@ -16,11 +16,8 @@ parallel programs and the one that finishes last adds them (split-K, one launch)
 after another in one program.  Both add the same numbers in the same order, so the split changes the time,
 not the samples.
 
-Snake is applied where its input is written (conv1 of a residual unit stores ``snake(y)``; a stream's
-history update writes Snake of the new samples), or as a launch of its own (:mod:`.snake`), never as a conv
-loads its input: there it was recomputed for every tap and channel tile, which made these kernels 5x slower
-than cuDNN one-shot (H200).  (Launching them with PDL, as the decode step's kernels are, changed no push's time
-on an H200: docs/BENCHMARKS.md.)
+Snake stays a launch of its own (:mod:`.snake`): applied as a conv loaded its input, it was recomputed for
+every tap and channel tile, which made these kernels 5x slower than cuDNN one-shot (H200).
 """
 
 from __future__ import annotations
@@ -37,12 +34,8 @@ from zonos.ops import vocoder as reference
 from zonos_accel.triton.snake import snake_fp32
 
 _TL_DTYPES = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
-REDUCE = 64  # reduction elements (input channel × tap pairs) per tensor-core step
+REDUCE = 64  # reduction elements (input channels × padded taps) per tensor-core step
 GROUP_SLICES = 16  # reduction slices per group (a split-K program's share)
-# Loads in flight per program (``_reduce``): 1 prefetches each slice into registers one iteration ahead; n >= 2
-# lets Triton pipeline the loop n deep (the weights through shared memory).  The same sums either way; calls with
-# the largest tile (long decodes) pipeline, the smaller ones (streaming pushes) did as well with the prefetch.
-STAGES_LONG = 3
 
 
 @triton.jit
@@ -66,82 +59,57 @@ def _load_input(x_ptr, T_x, b, ci, ok, pos, s_xb, s_xc, s_xt, COMPUTE: tl.conste
 
 
 @triton.jit
-def _slice(
-    x_ptr, w_ptr, T_x, r, r_end, b, cols, co, co_ok, s_xb, s_xc, s_xt, s_wo, s_wi, s_wk, a, c,
-    K: tl.constexpr, TAPS: tl.constexpr, TRANSPOSED: tl.constexpr, COMPUTE: tl.constexpr,
-):  # fmt: skip
-    """(weights, inputs) of the reduction elements ``r`` (below ``r_end``): input channel ``r // TAPS``, tap index
-    ``j = r % TAPS``.  A conv (dilation ``a``, offset ``c``) reads sample ``col + j a + c`` at tap ``j``, from
-    weights whose (channel, tap) axes are one contiguous row; a transposed conv's phase ``c`` (stride ``a``)
-    reads sample ``col - j`` at tap ``c + j a`` (below ``K``)."""
-    ok = r < r_end
-    ci = r // TAPS
-    j = r % TAPS
-    if TRANSPOSED:
-        ok = ok & (c + j * a < K)
-        pos = cols[None, :] - j[:, None]
-        w_off = co[:, None] * s_wo + ci[None, :] * s_wi + (c + j * a)[None, :] * s_wk
-    else:
-        pos = cols[None, :] + (j * a + c)[:, None]
-        w_off = co[:, None] * s_wo + r[None, :]
+def _slice(x_ptr, w_ptr, T_x, ci_end, b, ci, tap, pos, co, co_ok, s_xb, s_xc, s_xt, s_wo, s_wi, s_wk, K, COMPUTE):
+    """(weights, inputs) of one reduction slice: input channels ``ci`` (below ``ci_end``) at taps ``tap`` and
+    samples ``pos``."""
+    ok = (ci < ci_end) & (tap < K)
     v = _load_input(x_ptr, T_x, b, ci[:, None], ok[:, None], pos, s_xb, s_xc, s_xt, COMPUTE)
-    w = tl.load(w_ptr + w_off, mask=co_ok[:, None] & ok[None, :], other=0.0)
+    w = tl.load(
+        w_ptr + co[:, None] * s_wo + ci[None, :] * s_wi + tap[None, :] * s_wk,
+        mask=co_ok[:, None] & ok[None, :],
+        other=0.0,
+    )
     return w.to(COMPUTE), v
 
 
 @triton.jit
 def _reduce(
-    x_ptr, w_ptr, T_x, r_first, r_end, b, cols, co, co_ok, s_xb, s_xc, s_xt, s_wo, s_wi, s_wk, a, c,
-    K: tl.constexpr, TAPS: tl.constexpr, TRANSPOSED: tl.constexpr, BLOCK_CO: tl.constexpr, BLOCK_R: tl.constexpr,
-    BLOCK_T: tl.constexpr, PREFETCH: tl.constexpr, COMPUTE: tl.constexpr, PRECISION: tl.constexpr,
+    x_ptr, w_ptr, T_x, ci_first, ci_end, b, ci, tap, pos, co, co_ok, s_xb, s_xc, s_xt, s_wo, s_wi, s_wk,
+    K: tl.constexpr, BLOCK_CO: tl.constexpr, BLOCK_CI: tl.constexpr, BLOCK_T: tl.constexpr,
+    COMPUTE: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
-    """The sum over reduction elements ``r_first .. r_end - 1`` from zero, in slices of ``BLOCK_R`` in order.
-    With ``PREFETCH`` each slice is loaded into registers one iteration ahead of its dot; without, Triton
-    pipelines the loop ``num_stages`` deep (the weights through shared memory, fewer registers).  The same dots
-    in the same order either way."""
+    """The sum over input channels ``ci_first .. ci_end - 1`` from zero, in slices of ``BLOCK_CI`` channels in
+    channel order; each slice is loaded one iteration ahead of its dot, so the loads overlap the previous one."""
     acc = tl.zeros((BLOCK_CO, BLOCK_T), dtype=tl.float32)
-    r = tl.arange(0, BLOCK_R)
-    if PREFETCH:
-        w, v = _slice(
-            x_ptr, w_ptr, T_x, r_first + r, r_end, b, cols, co, co_ok, s_xb, s_xc, s_xt, s_wo, s_wi, s_wk, a, c,
-            K, TAPS, TRANSPOSED, COMPUTE,
-        )  # fmt: skip
-        for r0 in range(r_first + BLOCK_R, r_end + BLOCK_R, BLOCK_R):
-            w_next, v_next = _slice(
-                x_ptr, w_ptr, T_x, r0 + r, r_end, b, cols, co, co_ok, s_xb, s_xc, s_xt, s_wo, s_wi, s_wk, a, c,
-                K, TAPS, TRANSPOSED, COMPUTE,
-            )  # fmt: skip
-            acc = tl.dot(w, v, acc, input_precision=PRECISION)
-            w, v = w_next, v_next
-    else:
-        for r0 in range(r_first, r_end, BLOCK_R):
-            w, v = _slice(
-                x_ptr, w_ptr, T_x, r0 + r, r_end, b, cols, co, co_ok, s_xb, s_xc, s_xt, s_wo, s_wi, s_wk, a, c,
-                K, TAPS, TRANSPOSED, COMPUTE,
-            )  # fmt: skip
-            acc = tl.dot(w, v, acc, input_precision=PRECISION)
+    w, v = _slice(
+        x_ptr, w_ptr, T_x, ci_end, b, ci_first + ci, tap, pos, co, co_ok, s_xb, s_xc, s_xt, s_wo, s_wi, s_wk, K, COMPUTE
+    )
+    for ci0 in range(ci_first + BLOCK_CI, ci_end + BLOCK_CI, BLOCK_CI):
+        w_next, v_next = _slice(
+            x_ptr, w_ptr, T_x, ci_end, b, ci0 + ci, tap, pos, co, co_ok, s_xb, s_xc, s_xt, s_wo, s_wi, s_wk, K, COMPUTE
+        )
+        acc = tl.dot(w, v, acc, input_precision=PRECISION)
+        w, v = w_next, v_next
     return acc
 
 
 @triton.jit
 def _sum(
-    x_ptr, w_ptr, part_ptr, count_ptr, tile, group, n_groups, T_x, R, b, cols, co, co_ok,
-    s_xb, s_xc, s_xt, s_wo, s_wi, s_wk, a, c,
-    K: tl.constexpr, TAPS: tl.constexpr, TRANSPOSED: tl.constexpr, BLOCK_CO: tl.constexpr, BLOCK_R: tl.constexpr,
-    BLOCK_T: tl.constexpr, GROUP: tl.constexpr, SPLIT: tl.constexpr, PREFETCH: tl.constexpr,
-    COMPUTE: tl.constexpr, PRECISION: tl.constexpr,
+    x_ptr, w_ptr, part_ptr, count_ptr, tile, group, n_groups, T_x, C_in, b, ci, tap, pos, co, co_ok,
+    s_xb, s_xc, s_xt, s_wo, s_wi, s_wk,
+    K: tl.constexpr, BLOCK_CO: tl.constexpr, BLOCK_CI: tl.constexpr, BLOCK_T: tl.constexpr, GROUP: tl.constexpr,
+    SPLIT: tl.constexpr, COMPUTE: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
-    """(sum, whether this program stores it): the groups' sums (each of ``GROUP`` slices of the ``R`` reduction
-    elements, from zero) added in group order.  With ``SPLIT`` this program sums group ``group`` of the ``tile``
-    and publishes it; the program that finishes the tile's last group adds them all."""
-    group_r = GROUP * BLOCK_R
+    """(sum, whether this program stores it): the groups' sums (each of ``GROUP`` slices, from zero)
+    added in group order.  With ``SPLIT`` this program sums group ``group`` of the ``tile`` and publishes it;
+    the program that finishes the tile's last group adds them all."""
+    group_ci = GROUP * BLOCK_CI
     total = tl.zeros((BLOCK_CO, BLOCK_T), dtype=tl.float32)
     if SPLIT:
-        first = group * group_r
+        first = group * group_ci
         part = _reduce(
-            x_ptr, w_ptr, T_x, first, tl.minimum(first + group_r, R), b, cols, co, co_ok,
-            s_xb, s_xc, s_xt, s_wo, s_wi, s_wk, a, c, K, TAPS, TRANSPOSED, BLOCK_CO, BLOCK_R, BLOCK_T, PREFETCH,
-            COMPUTE, PRECISION,
+            x_ptr, w_ptr, T_x, first, tl.minimum(first + group_ci, C_in), b, ci, tap, pos, co, co_ok,
+            s_xb, s_xc, s_xt, s_wo, s_wi, s_wk, K, BLOCK_CO, BLOCK_CI, BLOCK_T, COMPUTE, PRECISION,
         )  # fmt: skip
         cell = tl.arange(0, BLOCK_CO)[:, None] * BLOCK_T + tl.arange(0, BLOCK_T)[None, :]
         parts = part_ptr + tile.to(tl.int64) * n_groups * BLOCK_CO * BLOCK_T
@@ -158,11 +126,10 @@ def _sum(
             tl.atomic_xchg(count_ptr + tile, 0, sem="relaxed", scope="gpu")
     else:
         last = True
-        for first in range(0, R, group_r):
+        for first in range(0, C_in, group_ci):
             total += _reduce(
-                x_ptr, w_ptr, T_x, first, tl.minimum(first + group_r, R), b, cols, co, co_ok,
-                s_xb, s_xc, s_xt, s_wo, s_wi, s_wk, a, c, K, TAPS, TRANSPOSED, BLOCK_CO, BLOCK_R, BLOCK_T, PREFETCH,
-                COMPUTE, PRECISION,
+                x_ptr, w_ptr, T_x, first, tl.minimum(first + group_ci, C_in), b, ci, tap, pos, co, co_ok,
+                s_xb, s_xc, s_xt, s_wo, s_wi, s_wk, K, BLOCK_CO, BLOCK_CI, BLOCK_T, COMPUTE, PRECISION,
             )  # fmt: skip
     return total, last
 
@@ -193,20 +160,22 @@ def _epilogue(acc, b_ptr, s_b, co, co_ok, HAS_BIAS: tl.constexpr, COMPUTE: tl.co
 def _conv_kernel(
     x_ptr, w_ptr, b_ptr, r_ptr, rh_ptr, a_ptr, out_ptr, part_ptr, count_ptr,
     C_in, C_out, T_x, n_out, offset, dilation, T_r, H_r, res_offset, n_groups,
-    s_xb, s_xc, s_xt, s_wo, s_b, s_a,
+    s_xb, s_xc, s_xt, s_wo, s_wi, s_wk, s_b, s_a,
     s_rb, s_rc, s_rt, s_rhb, s_rhc, s_rht, s_ob, s_oc, s_ot,
-    K: tl.constexpr, BLOCK_CO: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr,
+    K: tl.constexpr, KP: tl.constexpr, BLOCK_CO: tl.constexpr, BLOCK_CI: tl.constexpr, BLOCK_T: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, TANH: tl.constexpr, SNAKE: tl.constexpr, GROUP: tl.constexpr,
-    SPLIT: tl.constexpr, PREFETCH: tl.constexpr, COMPUTE: tl.constexpr, PRECISION: tl.constexpr,
+    SPLIT: tl.constexpr, COMPUTE: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     co = tl.program_id(1) * BLOCK_CO + tl.arange(0, BLOCK_CO)
     b, group = _batch_and_group(n_groups, SPLIT)
     co_ok = co < C_out
+    r = tl.arange(0, BLOCK_CI * KP)  # reduction index: input channel r // KP, tap r % KP
+    tap = r % KP
+    pos = t[None, :] + (tap * dilation + offset)[:, None]
     acc, last = _sum(
-        x_ptr, w_ptr, part_ptr, count_ptr, _tile(b), group, n_groups, T_x, C_in * K, b, t, co, co_ok,
-        s_xb, s_xc, s_xt, s_wo, 0, 0, dilation, offset,
-        K, K, False, BLOCK_CO, BLOCK_R, BLOCK_T, GROUP, SPLIT, PREFETCH, COMPUTE, PRECISION,
+        x_ptr, w_ptr, part_ptr, count_ptr, _tile(b), group, n_groups, T_x, C_in, b, r // KP, tap, pos, co, co_ok,
+        s_xb, s_xc, s_xt, s_wo, s_wi, s_wk, K, BLOCK_CO, BLOCK_CI, BLOCK_T, GROUP, SPLIT, COMPUTE, PRECISION,
     )  # fmt: skip
     y = _epilogue(acc, b_ptr, s_b, co, co_ok, HAS_BIAS, COMPUTE)
     if HAS_RES:
@@ -229,9 +198,9 @@ def _conv_transpose_kernel(
     x_ptr, w_ptr, b_ptr, out_ptr, part_ptr, count_ptr,
     C_in, C_out, T_x, stride, start, length, q_first, n_q, n_groups,
     s_xb, s_xc, s_xt, s_wi, s_wo, s_wk, s_b, s_ob, s_oc, s_ot,
-    K: tl.constexpr, MP: tl.constexpr, BLOCK_CO: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_Q: tl.constexpr,
-    HAS_BIAS: tl.constexpr, GROUP: tl.constexpr, SPLIT: tl.constexpr, PREFETCH: tl.constexpr,
-    COMPUTE: tl.constexpr, PRECISION: tl.constexpr,
+    K: tl.constexpr, MP: tl.constexpr, BLOCK_CO: tl.constexpr, BLOCK_CI: tl.constexpr, BLOCK_Q: tl.constexpr,
+    HAS_BIAS: tl.constexpr, GROUP: tl.constexpr, SPLIT: tl.constexpr, COMPUTE: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):  # fmt: skip
     qi = tl.program_id(0) * BLOCK_Q + tl.arange(0, BLOCK_Q)
     q = q_first + qi
@@ -240,10 +209,13 @@ def _conv_transpose_kernel(
     phase = row % stride
     b = row // stride
     co_ok = co < C_out
+    r = tl.arange(0, BLOCK_CI * MP)  # reduction index: input channel r // MP, input q - r % MP
+    m = r % MP
+    tap = phase + m * stride
+    pos = q[None, :] - m[:, None]
     acc, last = _sum(
-        x_ptr, w_ptr, part_ptr, count_ptr, _tile(row), group, n_groups, T_x, C_in * MP, b, q, co, co_ok,
-        s_xb, s_xc, s_xt, s_wo, s_wi, s_wk, stride, phase,
-        K, MP, True, BLOCK_CO, BLOCK_R, BLOCK_Q, GROUP, SPLIT, PREFETCH, COMPUTE, PRECISION,
+        x_ptr, w_ptr, part_ptr, count_ptr, _tile(row), group, n_groups, T_x, C_in, b, r // MP, tap, pos, co, co_ok,
+        s_xb, s_xc, s_xt, s_wo, s_wi, s_wk, K, BLOCK_CO, BLOCK_CI, BLOCK_Q, GROUP, SPLIT, COMPUTE, PRECISION,
     )  # fmt: skip
     y = _epilogue(acc, b_ptr, s_b, co, co_ok, HAS_BIAS, COMPUTE)
     t = q * stride + phase - start
@@ -307,20 +279,15 @@ def _check(x: torch.Tensor, history: torch.Tensor | None, c_in: int, what: str) 
 TILES = ((32, 64), (32, 32), (16, 32))
 
 
-def _blocks(c_out: int, n_out: int, rows: int, device: torch.device) -> tuple[int, int, int, int]:
-    """(BLOCK_CO, BLOCK_R, BLOCK_T, warps) of a call with ``n_out`` outputs per channel in ``rows`` batch rows (×
-    phases).  The reduction slice BLOCK_R, hence the summation order, is the same for every call.  The output
-    tile is the largest of :data:`TILES` that still gives each SM two programs (a long decode: more reuse of each
-    load), else the smallest (a streaming push: more programs); it changes the time, not the sums (a GPU test
-    checks it)."""
+def _blocks(c_out: int, taps: int, n_out: int, rows: int, device: torch.device) -> tuple[int, int, int, int]:
+    """(BLOCK_CO, BLOCK_CI, BLOCK_T, warps) of a call with ``n_out`` outputs per channel in ``rows`` batch rows (×
+    phases).  BLOCK_CI, hence the summation order, depends on the layer's taps only.  The output tile is the
+    largest of :data:`TILES` that still gives each SM two programs (a long decode: more reuse of each load), else
+    the smallest (a streaming push: more programs); it changes the time, not the sums (a GPU test checks it)."""
     for block_co, block_t in TILES:
         if triton.cdiv(n_out, block_t) * triton.cdiv(c_out, block_co) * rows >= 2 * _sm_count(device):
             break
-    return block_co, REDUCE, block_t, 4
-
-
-def _stages(block_co: int, block_t: int) -> int:
-    return STAGES_LONG if (block_co, block_t) == TILES[0] else 1
+    return block_co, max(1, REDUCE // triton.next_power_of_2(taps)), block_t, 4
 
 
 @functools.cache
@@ -354,8 +321,8 @@ def _split_buffers(
     return parts, counts
 
 
-def _groups(reduction: int, block_r: int) -> int:
-    return triton.cdiv(triton.cdiv(reduction, block_r), GROUP_SLICES)
+def _groups(c_in: int, block_ci: int) -> int:
+    return triton.cdiv(triton.cdiv(c_in, block_ci), GROUP_SLICES)
 
 
 def _precision(dtype: torch.dtype) -> str:
@@ -410,25 +377,21 @@ def conv1d(
         residual, rh, H_r = out, out, 0
     if out.numel() == 0:
         return out
-    if weight.stride(2) != 1 or weight.stride(1) != k:
-        weight = weight.contiguous()  # the kernel reads each output channel's (channel, tap) weights as one row
-    block_co, block_r, block_t, warps = _blocks(c_out, n_out, batch, x.device)
+    block_co, block_ci, block_t, warps = _blocks(c_out, k, n_out, batch, x.device)
     b_ptr, s_b = _bias_args(bias, weight)
     grid = (triton.cdiv(n_out, block_t), triton.cdiv(c_out, block_co), batch)
-    n_groups = _groups(c_in * k, block_r)
+    n_groups = _groups(c_in, block_ci)
     split = _split(n_groups, math.prod(grid), x.device)
     parts, counts = _split_buffers(math.prod(grid), n_groups, block_co, block_t, x) if split else (out, out)
-    stages = _stages(block_co, block_t)
     a = weight if alpha is None else alpha.reshape(c_out)
     _conv_kernel[(grid[0], grid[1], grid[2] * (n_groups if split else 1))](
         x, weight, b_ptr, residual, rh, a, out, parts, counts,
         c_in, c_out, n, n_out, -padding, dilation, residual.shape[-1], H_r, residual_offset, n_groups,
-        *x.stride(), weight.stride(0), s_b, 0 if alpha is None else a.stride(0),
+        *x.stride(), *weight.stride(), s_b, 0 if alpha is None else a.stride(0),
         *residual.stride(), *rh.stride(), *out.stride(),
-        K=k, BLOCK_CO=block_co, BLOCK_R=block_r, BLOCK_T=block_t,
+        K=k, KP=triton.next_power_of_2(k), BLOCK_CO=block_co, BLOCK_CI=block_ci, BLOCK_T=block_t,
         HAS_BIAS=bias is not None, HAS_RES=rh is not out, TANH=tanh, SNAKE=alpha is not None, GROUP=GROUP_SLICES,
-        SPLIT=split, PREFETCH=stages == 1, COMPUTE=_TL_DTYPES[dtype], PRECISION=_precision(dtype), num_warps=warps,
-        num_stages=stages,
+        SPLIT=split, COMPUTE=_TL_DTYPES[dtype], PRECISION=_precision(dtype), num_warps=warps,
         enable_fp_fusion=alpha is None,  # Snake rounded as torch rounds it; the other epilogues as measured
     )  # fmt: skip
     return out
@@ -461,20 +424,19 @@ def conv_transpose1d(
     mp = triton.next_power_of_2(triton.cdiv(k, stride))
     q_first = start // stride
     n_q = (start + length - 1) // stride - q_first + 1
-    block_co, block_r, block_q, warps = _blocks(c_out, n_q, batch * stride, x.device)
+    block_co, block_ci, block_q, warps = _blocks(c_out, mp, n_q, batch * stride, x.device)
     b_ptr, s_b = _bias_args(bias, weight)
     grid = (triton.cdiv(n_q, block_q), triton.cdiv(c_out, block_co), batch * stride)
-    n_groups = _groups(c_in * mp, block_r)
+    n_groups = _groups(c_in, block_ci)
     split = _split(n_groups, math.prod(grid), x.device)
     parts, counts = _split_buffers(math.prod(grid), n_groups, block_co, block_q, x) if split else (out, out)
-    stages = _stages(block_co, block_q)
     _conv_transpose_kernel[(grid[0], grid[1], grid[2] * (n_groups if split else 1))](
         x, weight, b_ptr, out, parts, counts,
         c_in, c_out, n, stride, start, length, q_first, n_q, n_groups,
         *x.stride(), *weight.stride(), s_b, *out.stride(),
-        K=k, MP=mp, BLOCK_CO=block_co, BLOCK_R=block_r, BLOCK_Q=block_q,
-        HAS_BIAS=bias is not None, GROUP=GROUP_SLICES, SPLIT=split, PREFETCH=stages == 1, COMPUTE=_TL_DTYPES[dtype],
-        PRECISION=_precision(dtype), num_warps=warps, num_stages=stages,
+        K=k, MP=mp, BLOCK_CO=block_co, BLOCK_CI=block_ci, BLOCK_Q=block_q,
+        HAS_BIAS=bias is not None, GROUP=GROUP_SLICES, SPLIT=split, COMPUTE=_TL_DTYPES[dtype],
+        PRECISION=_precision(dtype), num_warps=warps,
     )  # fmt: skip
     return out
 

@@ -422,6 +422,23 @@ def test_cached_state_key_follows_the_state(codec, monkeypatch):
     assert dec.graph_replays >= 4
 
 
+def test_reset_leaves_the_buffers_as_they_are(codec, monkeypatch):
+    """reset() does not clear the state buffers (one launch each, hundreds per stream on CUDA): a push writes
+    every buffer it reads earlier in the stream.  Buffers poisoned with NaN before each stream change nothing,
+    through emulated graph replays too."""
+    emulate_cuda_graphs(monkeypatch)
+    graphed = StreamingDACDecoder(codec)
+    eager = StreamingDACDecoder(codec, cuda_graphs=False)
+    schedule = [1, 3, 3, 3, 3, 2]
+    for seed in range(3):
+        codes = random_codes(1, sum(schedule), seed=80 + seed)
+        for stage in graphed._all_stages():
+            for buf in stage._buffers.values():
+                buf.fill_(float("nan"))
+        assert torch.equal(stream(graphed, codes, schedule), stream(eager, codes, schedule)), seed
+    assert graphed.graph_replays > 0 and sum(len(s._buffers) for s in graphed._all_stages()) > 0
+
+
 def test_a_push_is_one_op_call_per_layer(codec, monkeypatch):
     """A steady push makes the one-shot decoder's op calls (one launch each on the Triton path): a ``conv1d``
     for the 9 codebooks' projections together and per conv (bias, residual and tanh inside it), a

@@ -145,8 +145,8 @@ class _Stage:
         return None
 
     def reset(self) -> None:
-        for buf in self._buffers.values():  # zeroed in place: captured graphs keep their addresses
-            buf.zero_()
+        """Forget the stream.  The buffers stay, with their addresses (captured graphs hold them) and contents:
+        a push writes every buffer it reads earlier in the same stream, as it would a fresh ``new_empty``."""
 
     def walk(self) -> Iterator[_Stage]:
         """This stage and the stages inside it."""
@@ -241,7 +241,7 @@ class _Conv(_Windowed):
     def flush(self) -> Tensor | None:
         w = self.window  # push the right padding's zeros (Snake maps zero to zero)
         out = None if w is None else self.push(w.new_zeros(*w.shape[:2], self.right))
-        for attr in self.state_attrs:  # the stream is over (reset() zeroes the buffers for the next one)
+        for attr in self.state_attrs:  # the stream is over
             setattr(self, attr, None)
         return out
 
@@ -479,7 +479,7 @@ class StreamingDACDecoder:
     stream (a private one if that is the legacy default stream, where capture is impossible); from
     the third on it is replayed: the codes copied in, one graph launch, the audio copied out.  The
     graphs run the eager push's kernels on the same data, so they return the same samples.
-    :meth:`reset` keeps them (the state buffers are zeroed in place), so later streams of the same
+    :meth:`reset` keeps them (and the state buffers they address), so later streams of the same
     schedule replay every push; they are dropped when the codec's weights move to new storage.  The
     stages, run eagerly on the CPU and for the first occurrences, are the reference.
     """

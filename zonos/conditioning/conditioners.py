@@ -411,9 +411,7 @@ def make_cond_dict(
         raise ValueError("'espeak' (the text) cannot be unconditional: it has no learned unconditional vector")
     unknown = drop - set(COND_KEYS)
     if unknown:
-        raise ValueError(
-            f"unknown unconditional key(s) {sorted(unknown)}; valid keys are {', '.join(COND_KEYS[1:])}"
-        )
+        raise ValueError(f"unknown unconditional key(s) {sorted(unknown)}; valid keys are {', '.join(COND_KEYS[1:])}")
     dev = torch.device(device) if device is not None else _default_device()
 
     def keep(key: str, value: Any) -> bool:

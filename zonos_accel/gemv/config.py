@@ -167,9 +167,7 @@ def gemv_config(m: int, n: int, k: int, vecs: int | None = None, rows: int | Non
     if row_blocks < MIN_CTAS and per_warp > 1:
         splits = min(per_warp, cdiv(MIN_CTAS, row_blocks))
         splits = cdiv(per_warp, cdiv(per_warp, splits))  # no split left without a chunk
-    return GemvConfig(
-        vecs=vecs, rows=rows, warps_k=warps_k, warps_n=warps_n, splits=splits, stream_loads=stream_loads
-    )
+    return GemvConfig(vecs=vecs, rows=rows, warps_k=warps_k, warps_n=warps_n, splits=splits, stream_loads=stream_loads)
 
 
 def candidate_configs(m: int, n: int, k: int) -> list[GemvConfig]:

@@ -552,7 +552,10 @@ class StreamingDACDecoder:
             return self._push("latent", latent)
 
     def flush(self) -> Tensor:
-        """End the stream and return the remaining audio ``[B, 1, r]`` (the right-padded tail)."""
+        """End the stream and return the remaining audio ``[B, 1, r]`` (the right-padded tail).
+
+        Raises ``ValueError`` if CUDA codes pushed to this stream held values outside the codebook (see
+        :meth:`push`); this is where they are read, once per stream."""
         if self._finished:
             raise RuntimeError("the stream was already flushed; call reset() to start a new one")
         self._order_streams()

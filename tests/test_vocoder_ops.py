@@ -76,6 +76,14 @@ def _within_torch_error(ours, ref_same_dtype, ref64):
     assert ours_err <= 2 * torch_err + 4 * eps * scale, (ours_err, torch_err)
 
 
+def _as_close_as_torch(ours, op: str, x, w, b, kwargs: dict, dtype: torch.dtype) -> None:
+    """``ours`` against the reference op ``op`` on the same arguments, in ``dtype`` and in float64."""
+    ref = getattr(reference, op)(x, w, b, **kwargs, dtype=dtype)
+    d64 = {key: (v.double() if isinstance(v, torch.Tensor) else v) for key, v in kwargs.items()}
+    ref64 = getattr(reference, op)(x.double(), w.double(), b.double(), **d64, dtype=torch.float64)
+    _within_torch_error(ours, ref, ref64)
+
+
 CONVS = [
     # (c_in, c_out, k, dilation, padding, t, history, residual, tanh)
     (37, 19, 7, 3, 9, 41, 0, False, False),  # ragged channels, "same" padding
@@ -103,11 +111,8 @@ def test_conv_matches_reference(target, case, dtype):
         kwargs.update(residual=res_x, residual_history=res_h, residual_offset=3)
     _poison(device)
     ours = fast.conv1d(x, w, b, **kwargs, dtype=dtype)
-    ref = reference.conv1d(x, w, b, **kwargs, dtype=dtype)
-    d64 = {key: (v.double() if isinstance(v, torch.Tensor) else v) for key, v in kwargs.items()}
-    ref64 = reference.conv1d(x.double(), w.double(), b.double(), **d64, dtype=torch.float64)
     assert ours.shape == (2, c_out, n_out)
-    _within_torch_error(ours, ref, ref64)
+    _as_close_as_torch(ours, "conv1d", x, w, b, kwargs, dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -189,11 +194,8 @@ def test_transposed_conv_matches_reference(target, case, dtype):
     kwargs = dict(stride=s, start=start, length=length)
     _poison(device)
     ours = fast.conv_transpose1d(x, w, b, **kwargs, dtype=dtype)
-    ref = reference.conv_transpose1d(x, w, b, **kwargs, dtype=dtype)
-    d64 = {key: (v.double() if isinstance(v, torch.Tensor) else v) for key, v in kwargs.items()}
-    ref64 = reference.conv_transpose1d(x.double(), w.double(), b.double(), **d64, dtype=torch.float64)
     assert ours.shape == (2, c_out, length)
-    _within_torch_error(ours, ref, ref64)
+    _as_close_as_torch(ours, "conv_transpose1d", x, w, b, kwargs, dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -252,23 +254,12 @@ def test_split_reduction_equals_one_program_bit_for_bit(target, dtype, monkeypat
                 tanh = False  # the interpreter has no libdevice
             x, _, w, b = _conv_inputs(c_in, c_out, k, t + (k - 1) * d, 0, device, dtype, seed=c_in)
             res = _randn(2, c_out, t, device=device, dtype=dtype, seed=5)
+            kwargs = dict(dilation=d, residual=res, tanh=tanh)
             for _ in range(2):
                 _poison(device)
-                y = fast.conv1d(x, w, b, dilation=d, residual=res, tanh=tanh, dtype=dtype)
+                y = fast.conv1d(x, w, b, **kwargs, dtype=dtype)
                 outs.setdefault((split, c_in), []).append(y)
-            _within_torch_error(
-                y,
-                reference.conv1d(x, w, b, dilation=d, residual=res, tanh=tanh, dtype=dtype),
-                reference.conv1d(
-                    x.double(),
-                    w.double(),
-                    b.double(),
-                    dilation=d,
-                    residual=res.double(),
-                    tanh=tanh,
-                    dtype=torch.float64,
-                ),
-            )
+            _as_close_as_torch(y, "conv1d", x, w, b, kwargs, dtype)
         # A transposed conv: 600 channels × 2 inputs per output, 19 slices of 32 channels.
         x, _, w, b = _conv_inputs(600, 24, 16, 3, 0, device, dtype, seed=9)
         w = w.reshape(600, 24, 16)

@@ -7,13 +7,14 @@ bandwidth measured in this run (a sum over 4 GiB). A time below what the bytes a
 (4.8 TB/s) is rejected, not printed: such a kernel did not run in the graph (launched off the capture
 stream). Each row also checks the result against float64, next to cuBLAS's own error.
 
-Tables, each printed when done: (1) every projection shape × M ∈ {1, 2, 4}; (2) M = 8 and 16, for the
-routing limit; (3) every work split of ``candidate_configs`` at M = 2 and the other ``--sweep-m`` values
-(which one the tuning table should pick, also printed as ``TUNED`` entries); (4) the projections of one
-whole decode step (34 Mamba2 + 12 attention layers, M = 2, distinct weights) through cuBLAS and ours,
-against the read floor.
+Tables, each printed when done: (1) every projection shape × M ∈ {1, 2, 4}, tuned split; (2) M = 8 and 16,
+for the routing limit (with the tensor-core kernel at M = 8); (3) every work split of ``candidate_configs``
+(``--sweep fma``) or ``mma_candidates`` (``--sweep mma``) at the ``--sweep-m`` values, instead of (1) and (2),
+the best one per problem listed for the ``TUNED`` table;
+(4) the projections of one whole decode step (34 Mamba2 + 12 attention layers, M = 2, distinct weights)
+through cuBLAS and ours, against the read floor.
 
-    source .device/activate.sh && python3 benchmarks/gemv.py [--sweep-m 1,2,4]
+    source .device/activate.sh && python3 benchmarks/gemv.py [--sweep fma|mma] [--sweep-m 1,2,4]
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import torch.nn.functional as F
 from gpu import environment, event_times, read_bandwidth_gbs, report
 
 from zonos_accel.gemv import gemv
-from zonos_accel.gemv.config import candidate_configs, gemv_config
+from zonos_accel.gemv.config import MMA_COLS, MmaConfig, candidate_configs, gemv_config, mma_candidates, mma_config
 
 # Zonos-v0.1-hybrid projections (N, K) and how many a decode step runs.
 SHAPES = {
@@ -135,7 +136,11 @@ def cfg_label(cfg) -> str:
     flags = [f"s{cfg.splits}"] if cfg.splits > 1 else []
     flags += [] if cfg.hoist_loads else ["interleaved"]
     flags += (["nc"] if cfg.stream_loads else []) + (["pdl"] if cfg.pdl else [])
-    return " ".join([f"v{cfg.vecs} r{cfg.rows} wk{cfg.warps_k} wn{cfg.warps_n}", *flags])
+    if isinstance(cfg, MmaConfig):
+        tile = f"mma t{cfg.tiles}{'h' if cfg.half else ''} k{cfg.ksteps}"
+    else:
+        tile = f"v{cfg.vecs} r{cfg.rows}"
+    return " ".join([f"{tile} wk{cfg.warps_k} wn{cfg.warps_n}", *flags])
 
 
 HEADER = [
@@ -168,11 +173,14 @@ def step_table(bw: float, best: dict) -> list:
     runs = {
         "cuBLAS": [lambda w=w: F.linear(xs[w.shape[1]], w) for _, w in weights],
         "ours (default: tuned splits, pdl)": [lambda w=w: gemv(xs[w.shape[1]], w) for _, w in weights],
-        "ours (best swept splits)": [lambda w=w, c=best[nm]: gemv(xs[w.shape[1]], w, config=c) for nm, w in weights],
         "ours (default splits, no pdl)": [
             lambda w=w, c=no_pdl[nm]: gemv(xs[w.shape[1]], w, config=c) for nm, w in weights
         ],
     }
+    if best:
+        runs["ours (best swept splits)"] = [
+            lambda w=w, c=best[nm]: gemv(xs[w.shape[1]], w, config=c) for nm, w in weights
+        ]
     rows = []
     for label, calls in runs.items():
         try:
@@ -209,40 +217,51 @@ def m_values(text: str) -> list[int]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument(
+        "--sweep",
+        choices=["fma", "mma"],
+        help="instead of tables 1 and 2, time every split of one kernel (candidate_configs: FMA, mma_candidates: "
+        "tensor cores) against the tuned default and list the best per problem",
+    )
+    ap.add_argument(
         "--sweep-m",
         type=m_values,
         default=[2],
-        help="comma-separated M values whose work splits are swept (default 2, the decode with CFG; the step "
-        "table needs 2)",
+        help="comma-separated M values to sweep (default 2, the decode with CFG; the step table then adds a row "
+        "with M = 2's best splits)",
     )
     args = ap.parse_args()
-    if 2 not in args.sweep_m:
-        ap.error("--sweep-m must include 2: the decode-step table uses the best splits at M = 2")
     start = time.perf_counter()
     torch.manual_seed(0)
     print(environment())
     bw = read_bandwidth_gbs()
     print(f"read bandwidth (sum over 4 GiB of bf16): {bw:.0f} GB/s")
 
-    rows = []
-    for name, (n, k) in SHAPES.items():
-        for m in (1, 2, 4):
-            rows += measure(name, n, k, m, [gemv_config(m, n, k)], bw)[0]
-    print(report("Projection shapes, default split (median of graph replays, cold weights)", HEADER, rows))
-
-    rows = []
-    for name in ("mamba in_proj", "attn out"):
-        n, k = SHAPES[name]
-        for m in (8, 16):
-            rows += measure(name, n, k, m, [gemv_config(m, n, k)], bw)[0]
-    print(report("Routing limit: M = 8 and 16 (decode with batching)", HEADER, rows))
-
-    # Then the candidate splits, including the default without programmatic dependent launch (pdl).
-    best, tuned_lines = {}, []
-    for m in args.sweep_m:
+    if not args.sweep:
         rows = []
         for name, (n, k) in SHAPES.items():
-            shape_rows, times = measure(name, n, k, m, candidate_configs(m, n, k), bw)
+            for m in (1, 2, 4):
+                rows += measure(name, n, k, m, [gemv_config(m, n, k)], bw)[0]
+        print(report("Projection shapes, default split (median of graph replays, cold weights)", HEADER, rows))
+
+        rows = []
+        for name in ("mamba in_proj", "attn out"):
+            n, k = SHAPES[name]
+            for m in (8, 16):
+                configs = [gemv_config(m, n, k)]
+                if m <= MMA_COLS:  # the tensor-core kernel's cost does not grow with M
+                    configs.append(mma_config(m, n, k, ksteps=4, warps_k=8, half=True))
+                rows += measure(name, n, k, m, configs, bw)[0]
+        print(report("Routing limit: M = 8 and 16 (decode with batching)", HEADER, rows))
+
+    best, tuned_lines = {}, []
+    for m in args.sweep_m if args.sweep else []:
+        rows = []
+        for name, (n, k) in SHAPES.items():
+            if args.sweep == "mma":
+                configs = [gemv_config(m, n, k), *mma_candidates(m, n, k)]
+            else:
+                configs = candidate_configs(m, n, k)
+            shape_rows, times = measure(name, n, k, m, configs, bw)
             timed = {c: t for c, t in times.items() if c != "cublas" and t is not None}
             winner = min(timed, key=timed.get) if timed else gemv_config(m, n, k)
             for r in shape_rows:
@@ -251,12 +270,13 @@ def main() -> int:
             if m == 2:
                 best[name] = winner
             if timed:
-                entry = f"({m}, {n}, {k}): ({winner.vecs}, {winner.rows}, {winner.stream_loads}),"
+                entry = f"({m}, {n}, {k}): {cfg_label(winner)},"
                 tuned_lines.append(f"    {entry}  # {name}: {timed[winner]:.2f} µs ({cfg_label(winner)})")
-        title = f"Work splits at M = {m} (candidate_configs; the tuning table should pick 'best')"
+        title = f"Work splits at M = {m} ({args.sweep} kernel and the tuned default; TUNED should pick 'best')"
         print(report(title, HEADER + [""], rows))
-    print("\nBest split per problem, as zonos_accel/gemv/config.py TUNED entries (M, N, K): (vecs, rows, nc loads):")
-    print("\n".join(tuned_lines))
+    if tuned_lines:
+        print("\nBest split per problem (M, N, K):")
+        print("\n".join(tuned_lines))
 
     step_header = ["path", "calls", "GB", "ms per step", "floor ms", "× floor", "% of read bandwidth"]
     title = f"Projections of one decode step ({MAMBA_LAYERS} Mamba2 + {ATTN_LAYERS} attention layers, M = 2)"

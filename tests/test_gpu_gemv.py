@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 import zonos.ops
-from zonos_accel.gemv.config import candidate_configs
+from zonos_accel.gemv.config import candidate_configs, mma_candidates, mma_config
 
 HAVE_CUTLASS = importlib.util.find_spec("cutlass") is not None
 
@@ -78,6 +78,22 @@ def test_every_benchmarked_split(n, k):
         _check(2, n, k, config=config)
 
 
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 8])
+@pytest.mark.parametrize("n,k", ZONOS_SHAPES + RAGGED_SHAPES)
+@gpu
+def test_tensor_core_split(n, k, m):
+    _check(m, n, k, config=mma_config(m, n, k))
+    _check(m, n, k, dtype=torch.float16, config=mma_config(m, n, k))
+
+
+@pytest.mark.parametrize("m", [2, 4])
+@pytest.mark.parametrize("n,k", [(8512, 2048), (2048, 8192), (1000, 2056), (100, 8200)])
+@gpu
+def test_every_benchmarked_tensor_core_split(n, k, m):
+    for config in mma_candidates(m, n, k):
+        _check(m, n, k, config=config)
+
+
 @pytest.mark.parametrize("n,k", [(3072, 2048), (1000, 2056)])
 @gpu
 def test_float16(n, k):
@@ -140,15 +156,16 @@ def test_routed_linear():
         disable_cute_gemv()
 
 
+@pytest.mark.parametrize("tensor_cores", [False, True])
 @pytest.mark.parametrize("graphed", [False, True])
 @gpu
-def test_pdl_chain_waits_for_its_input(graphed):
+def test_pdl_chain_waits_for_its_input(graphed, tensor_cores):
     """Programmatic dependent launch: each kernel of a chain may start while the previous one drains, but
     must read its x only after that kernel finished. The intermediates are poisoned with NaN before each
     run, so a kernel that read early would leave NaN (or a stale value) in its output."""
     from dataclasses import replace
 
-    from zonos_accel.gemv.config import gemv_config
+    from zonos_accel.gemv.config import fma_config
 
     dims = [2048, 8192, 2048, 8512, 2048, 4096, 2048]
     g = torch.Generator(device="cuda").manual_seed(2)
@@ -159,7 +176,8 @@ def test_pdl_chain_waits_for_its_input(graphed):
     def chain():
         y = x
         for w, out in zip(ws, outs):
-            y = _gemv(y, w, out=out, config=replace(gemv_config(2, *w.shape), pdl=True))
+            config = (mma_config if tensor_cores else fma_config)(2, *w.shape)
+            y = _gemv(y, w, out=out, config=replace(config, pdl=True))
 
     chain()  # compile outside the capture
     torch.cuda.synchronize()

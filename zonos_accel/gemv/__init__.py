@@ -1,7 +1,9 @@
 """CuTeDSL skinny GEMV for the decode-shaped projections, behind ``zonos.ops.linear`` (``use_cute_gemv``).
 
-``gemv(x, weight)`` computes ``x @ weight.T`` for a few rows of x (fp32 accumulation, 16-bit out) with
-:class:`~zonos_accel.gemv.kernel.SkinnyGemv`, streaming each weight once.
+``gemv(x, weight)`` computes ``x @ weight.T`` for a few rows of x (fp32 accumulation, 16-bit out), streaming
+each weight once, with one of two kernels that the tuned split picks per problem: FMAs in fp32 on the CUDA
+cores (:class:`~zonos_accel.gemv.kernel.FmaGemv`) or ``mma.sync`` on the tensor cores
+(:class:`~zonos_accel.gemv.kernel.MmaGemv`, whose cost does not grow with M).
 
 ``enable_cute_gemv()`` rebinds ``zonos.ops.linear`` (which the backbone looks up at call time) so that a
 CUDA call with at most ``max_rows`` rows of x (the decode step: batch × CFG rows) runs the kernel, and
@@ -21,7 +23,7 @@ import importlib
 import torch
 
 import zonos.ops
-from zonos_accel.gemv.config import CUBLAS_FASTER, MAX_ROWS, VEC, GemvConfig, gemv_config
+from zonos_accel.gemv.config import MAX_ROWS, VEC, GemvConfig, gemv_config
 
 INSTALL_HINT = "pip install nvidia-cutlass-dsl (or zonos-accel[gpu])"
 DTYPES = (torch.bfloat16, torch.float16)
@@ -116,7 +118,7 @@ def _routed(max_rows: int):
     @functools.wraps(_reference)
     def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-        if rows <= max_rows and (rows, *weight.shape) not in CUBLAS_FASTER and supports(x, weight):
+        if rows <= max_rows and supports(x, weight):
             y = gemv(x, weight)
             return y if bias is None else y.add_(bias)
         return _reference(x, weight, bias)
@@ -125,8 +127,7 @@ def _routed(max_rows: int):
 
 
 def enable_cute_gemv(max_rows: int = MAX_ROWS) -> None:
-    """Route ``zonos.ops.linear`` calls with at most ``max_rows`` rows of x to the CuTeDSL GEMV, except the
-    problems in :data:`~zonos_accel.gemv.config.CUBLAS_FASTER`.
+    """Route ``zonos.ops.linear`` calls with at most ``max_rows`` rows of x to the CuTeDSL GEMV.
 
     Raises RuntimeError without a CUDA device and ImportError without nvidia-cutlass-dsl.
     """

@@ -11,9 +11,13 @@ VEC = 8  # 16-bit elements per 128-bit load
 WARP = 32
 NUM_SMS = 132  # H200 SXM
 
+MMA_ROWS = 16  # weight rows per mma.m16n8k16 (its M)
+MMA_COLS = 8  # x rows per mma (its N)
+MMA_LANES_K = 4  # lanes side by side along K in the fragment: a k-step is 4 vectors = 32 elements (twice its K)
+
 
 @dataclass(frozen=True)
-class GemvConfig:
+class FmaConfig:
     """How one (M, N, K) problem is split over lanes, warps and CTAs.
 
     - a lane loads ``vecs`` 128-bit vectors of each of its warp's ``rows`` weight rows per warp-chunk
@@ -40,8 +44,9 @@ class GemvConfig:
     warps_n: int
     splits: int = 1
     hoist_loads: bool = True
-    # gemv_config turns it on except where TUNED says otherwise: with the (4, 2) tile at M = 2 faster on 6 of
-    # the 7 Zonos shapes (in_proj 10.25 vs 10.72 µs, qkv 4.61 vs 5.38); H200, benchmarks/gemv.py, 2026-11-30.
+    # fma_config turns it on unless told otherwise (TUNED does, where plain loads were faster). With the (4, 2)
+    # tile at M = 2 it was faster on 6 of the 7 Zonos shapes (in_proj 10.25 vs 10.72 µs, qkv 4.61 vs 5.38); H200,
+    # benchmarks/gemv.py, 2026-11-30.
     stream_loads: bool = False
     # On by default: the whole-step projections at M = 2 take 0.899 ms with it against 1.045 ms without
     # (cuBLAS 1.245 ms); H200, benchmarks/gemv.py, 2026-11-30.
@@ -98,8 +103,96 @@ class GemvConfig:
             raise ValueError(f"{self}: {self.splits} splits for {per_warp} chunks per warp")
 
 
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
+@dataclass(frozen=True)
+class MmaConfig:
+    """Work split of the tensor-core GEMV (:class:`~zonos_accel.gemv.kernel.MmaGemv`), M ≤ 8.
+
+    A warp computes ``tiles`` tiles of 16 weight rows × the M rows of x with ``mma.m16n8k16`` (the 8 columns
+    are x's rows, zero past M). Per k-step of 32 elements, lane ``4 g + c`` loads one 128-bit vector of
+    weight rows ``g`` and ``g + 8`` of each tile and the same vector of x row ``g``: elements
+    ``8 c .. 8 c + 7`` of the step. The sum over K does not care which k sits in which slot of the MMA
+    fragment, so the loaded registers are the fragments as they are, with no shuffles or conversions.
+    A warp walks ``ksteps`` steps per iteration (all their loads issued before the first MMA); CTAs hold
+    ``warps_k`` warps along K times ``warps_n`` along N, and ``splits`` CTAs share a row block's K as in
+    :class:`GemvConfig`.
+
+    ``half``: tiles of 8 weight rows, fed to both halves of the fragment (the second half's sums are
+    discarded): twice the warps for the same rows, half the bytes per lane, where 16-row tiles leave too few
+    CTAs without splitting K.
+    """
+
+    tiles: int
+    ksteps: int
+    warps_k: int
+    warps_n: int
+    splits: int = 1
+    half: bool = False
+    hoist_loads: bool = True
+    stream_loads: bool = True
+    pdl: bool = True
+
+    @property
+    def tile_rows(self) -> int:
+        return MMA_ROWS // 2 if self.half else MMA_ROWS
+
+    @property
+    def halves(self) -> int:
+        """Row halves of a tile loaded per lane (rows g and g + 8, or row g only)."""
+        return 1 if self.half else 2
+
+    @property
+    def threads(self) -> int:
+        return WARP * self.warps_k * self.warps_n
+
+    @property
+    def rows(self) -> int:
+        """Weight rows per warp."""
+        return self.tile_rows * self.tiles
+
+    @property
+    def rows_per_cta(self) -> int:
+        return self.rows * self.warps_n
+
+    @property
+    def chunk_vecs(self) -> int:
+        """128-bit vectors of a row that a warp covers per iteration."""
+        return MMA_LANES_K * self.ksteps
+
+    def first_row(self, block_n, group):
+        return (block_n * self.warps_n + group) * self.rows
+
+    def kvec(self, it, split, warp_k, c, step):
+        """The vector (index along K / 8) that lanes with ``lane % 4 == c`` load at iteration ``it``, step ``step``."""
+        return ((it * self.splits + split) * self.warps_k + warp_k) * self.chunk_vecs + step * MMA_LANES_K + c
+
+    def iters(self, k: int) -> int:
+        return cdiv(cdiv(k // VEC, self.chunk_vecs), self.warps_k * self.splits)
+
+    def row_blocks(self, n: int) -> int:
+        return cdiv(n, self.rows_per_cta)
+
+    def k_exact(self, k: int) -> bool:
+        return self.iters(k) * self.splits * self.warps_k * self.chunk_vecs == k // VEC
+
+    def n_exact(self, n: int) -> bool:
+        return n % self.rows_per_cta == 0
+
+    def check(self, m: int, n: int, k: int) -> None:
+        """Raise ValueError if this split cannot compute x (m, k) · W (n, k)ᵀ."""
+        if k % VEC:
+            raise ValueError(f"K = {k} must be a multiple of {VEC} (rows are read as 128-bit vectors)")
+        if m > MMA_COLS:
+            raise ValueError(f"the tensor-core GEMV takes at most {MMA_COLS} rows of x, got M = {m}")
+        if min(self.tiles, self.ksteps, self.warps_k, self.warps_n, self.splits, m, n, k) < 1:
+            raise ValueError(f"{self} for M={m}, N={n}, K={k}: every size must be positive")
+        if self.threads > 1024:
+            raise ValueError(f"{self}: {self.threads} threads per CTA exceed 1024")
+        per_warp = cdiv(cdiv(k // VEC, self.chunk_vecs), self.warps_k)
+        if self.splits > per_warp:
+            raise ValueError(f"{self}: {self.splits} splits for {per_warp} chunks per warp")
+
+
+GemvConfig = FmaConfig | MmaConfig  # the two kernels' splits
 
 
 # (vecs, rows) per lane by the number M of x rows. A lane holds rows * vecs weight vectors (8 = 128 B in
@@ -110,12 +203,9 @@ LANE_TILES = {1: (8, 1), 2: (2, 4), 3: (2, 4), 4: (2, 4)}
 MIN_WARPS_PER_CTA = 4
 MAX_WARPS_K = 4
 MIN_CTAS = 2 * NUM_SMS  # fewer row blocks than this: split K across CTAs
-# The largest M routed to the kernel (prefill stays on cuBLAS). At M = 8 and 16 cuBLAS wins (in_proj 0.71x
-# and 0.39x; H200, benchmarks/gemv.py, 2026-11-30); decode runs M = 2 (batch 1 with CFG).
+# The largest M routed to the kernel (prefill stays on cuBLAS). At M = 8 and 16 cuBLAS beat the FMA kernel
+# (in_proj 0.71x and 0.39x; H200, benchmarks/gemv.py, 2026-11-30); decode runs M = 2 (batch 1 with CFG).
 MAX_ROWS = 4
-# Problems within MAX_ROWS where cuBLAS is faster, so they stay on it: at M = 4 (batch 2 with CFG) in_proj 12.73
-# vs 11.86 µs, fc1 21.77 vs 19.25, heads 13.59 vs 13.52 (H200, benchmarks/gemv.py, 2026-11-30).
-CUBLAS_FASTER = {(4, 8512, 2048), (4, 16384, 2048), (4, 9232, 2048)}
 
 
 def lane_tile(m: int) -> tuple[int, int]:
@@ -124,38 +214,54 @@ def lane_tile(m: int) -> tuple[int, int]:
     return (1, 4) if m <= 8 else (1, 2)
 
 
-# Pinned splits (M, N, K) → (vecs, rows, stream_loads): the fastest of every candidate split in
-# `benchmarks/gemv.py --sweep-m 1,2,4` (H200, 2026-11-30; µs per call, cold weights, graph replay). M = 2 is the
-# decode step (batch 1 with CFG); M = 1 and 4 are batch 1 without CFG and batch 2 with it.  Streaming loads help
-# the K = 2048 shapes with many rows and hurt the (2, 4) tile at K ≥ 4096 at M = 2 (out_proj 6.78 vs 5.14 µs).
-TUNED = {
-    (1, 8512, 2048): (1, 8, False),  # Mamba2 in_proj: 9.38 (cuBLAS 11.81)
-    (1, 2048, 4096): (2, 4, False),  # Mamba2 out_proj: 5.07 (9.31)
-    (1, 3072, 2048): (1, 8, False),  # attention qkv: 4.15 (6.49)
-    (1, 2048, 2048): (8, 1, False),  # attention out: 3.45 (6.08)
-    (1, 16384, 2048): (2, 4, False),  # MLP fc1: 17.24 (19.34)
-    (1, 2048, 8192): (4, 2, False),  # MLP fc2: 9.61 (13.56)
-    (1, 9232, 2048): (1, 8, False),  # the 9 heads, stacked and padded: 10.00 (12.33)
-    (2, 8512, 2048): (2, 4, True),  # Mamba2 in_proj: 10.27
-    (2, 2048, 4096): (2, 4, False),  # Mamba2 out_proj: 5.14
-    (2, 3072, 2048): (1, 8, False),  # attention qkv: 4.28
-    (2, 2048, 2048): (2, 4, False),  # attention out: 3.59
-    (2, 16384, 2048): (4, 2, True),  # MLP fc1: 17.93
-    (2, 2048, 8192): (2, 4, False),  # MLP fc2: 9.35
-    (2, 9232, 2048): (4, 2, True),  # the 9 heads: 10.79
-    (4, 2048, 4096): (2, 4, True),  # Mamba2 out_proj: 6.65 (9.27)
-    (4, 3072, 2048): (1, 8, False),  # attention qkv: 5.00 (6.51)
-    (4, 2048, 2048): (2, 4, True),  # attention out: 4.12 (6.09)
-    (4, 2048, 8192): (2, 4, True),  # MLP fc2: 10.57 (13.46)
+# Pinned splits (M, N, K) → ("fma", vecs, rows, stream_loads) or ("mma", tiles, ksteps, warps_k, half): the
+# fastest split in `benchmarks/gemv.py --sweep-m 1,2,4` and `--mma --sweep-m 1,2,4` (H200, 2026-11-30; µs per
+# call, cold weights, graph replay; cuBLAS in brackets). M = 2 is the decode step (batch 1 with CFG); M = 1 and 4
+# are batch 1 without CFG and batch 2 with it. The tensor-core kernel wins where the FMA kernel's arithmetic
+# shows (M = 4, many rows); the FMA kernel's 512-byte row runs win where it does not. Streaming loads help the
+# K = 2048 shapes with many rows and hurt the (2, 4) tile at K ≥ 4096 at M = 2 (out_proj 6.78 vs 5.14 µs).
+TUNED: dict[tuple[int, int, int], tuple] = {
+    (1, 8512, 2048): ("fma", 1, 8, False),  # Mamba2 in_proj: 8.83 (11.36)
+    (1, 2048, 4096): ("fma", 2, 4, False),  # Mamba2 out_proj: 5.06 (9.40)
+    (1, 3072, 2048): ("fma", 1, 8, False),  # attention qkv: 4.12 (6.49)
+    (1, 2048, 2048): ("fma", 8, 1, False),  # attention out: 3.45 (6.05)
+    (1, 16384, 2048): ("fma", 2, 4, False),  # MLP fc1: 17.19 (18.99)
+    (1, 2048, 8192): ("fma", 4, 2, False),  # MLP fc2: 9.70 (14.17)
+    (1, 9232, 2048): ("fma", 1, 8, False),  # the 9 heads, stacked and padded: 9.88 (13.48)
+    (2, 8512, 2048): ("mma", 1, 4, 8, True),  # Mamba2 in_proj: 9.97 (11.75; FMA 10.30)
+    (2, 2048, 4096): ("fma", 2, 4, False),  # Mamba2 out_proj: 5.14 (9.61)
+    (2, 3072, 2048): ("fma", 1, 8, False),  # attention qkv: 4.22 (6.48)
+    (2, 2048, 2048): ("fma", 2, 4, False),  # attention out: 3.58 (6.07)
+    (2, 16384, 2048): ("fma", 4, 2, True),  # MLP fc1: 17.86 (18.74)
+    (2, 2048, 8192): ("fma", 2, 4, False),  # MLP fc2: 9.25 (13.81)
+    (2, 9232, 2048): ("mma", 1, 4, 8, True),  # the 9 heads: 10.74 (13.36; FMA 10.86)
+    (4, 8512, 2048): ("mma", 1, 4, 8, True),  # Mamba2 in_proj: 9.93 (11.81; FMA 12.68)
+    (4, 2048, 4096): ("fma", 2, 4, True),  # Mamba2 out_proj: 6.75 (9.42)
+    (4, 3072, 2048): ("mma", 1, 8, 8, True),  # attention qkv: 4.71 (6.51; FMA 4.99)
+    (4, 2048, 2048): ("mma", 1, 8, 8, False),  # attention out: 3.88 (6.06; FMA 4.12)
+    (4, 16384, 2048): ("mma", 1, 4, 8, True),  # MLP fc1: 17.62 (19.01; FMA 21.86)
+    (4, 2048, 8192): ("fma", 2, 4, True),  # MLP fc2: 10.76 (14.14)
+    (4, 9232, 2048): ("mma", 1, 4, 8, True),  # the 9 heads: 10.66 (13.40; FMA 13.55)
 }
 
 
-def gemv_config(m: int, n: int, k: int, vecs: int | None = None, rows: int | None = None) -> GemvConfig:
-    """The work split for x (m, k) · W (n, k)ᵀ: the :data:`TUNED` entry, else the lane tile of :data:`LANE_TILES`
-    (``vecs``/``rows`` override either)."""
-    stream_loads = True
-    if vecs is None and rows is None and (m, n, k) in TUNED:
-        vecs, rows, stream_loads = TUNED[(m, n, k)]
+def gemv_config(m: int, n: int, k: int) -> GemvConfig:
+    """The work split for x (m, k) · W (n, k)ᵀ: the :data:`TUNED` entry, else the FMA kernel's lane tile."""
+    entry = TUNED.get((m, n, k))
+    if entry is None:
+        return fma_config(m, n, k)
+    kind, *tile = entry
+    if kind == "mma":
+        tiles, ksteps, warps_k, half = tile
+        return mma_config(m, n, k, tiles=tiles, ksteps=ksteps, warps_k=warps_k, half=half)
+    vecs, rows, stream_loads = tile
+    return fma_config(m, n, k, vecs=vecs, rows=rows, stream_loads=stream_loads)
+
+
+def fma_config(
+    m: int, n: int, k: int, vecs: int | None = None, rows: int | None = None, stream_loads: bool = True
+) -> FmaConfig:
+    """The FMA kernel's split with ``vecs`` × ``rows`` weight vectors per lane (default: :data:`LANE_TILES`)."""
     tile = lane_tile(m)
     vecs, rows = vecs or tile[0], rows or tile[1]
     chunks = cdiv(k // VEC, WARP * vecs)
@@ -167,25 +273,64 @@ def gemv_config(m: int, n: int, k: int, vecs: int | None = None, rows: int | Non
     if row_blocks < MIN_CTAS and per_warp > 1:
         splits = min(per_warp, cdiv(MIN_CTAS, row_blocks))
         splits = cdiv(per_warp, cdiv(per_warp, splits))  # no split left without a chunk
-    return GemvConfig(vecs=vecs, rows=rows, warps_k=warps_k, warps_n=warps_n, splits=splits, stream_loads=stream_loads)
+    return FmaConfig(vecs=vecs, rows=rows, warps_k=warps_k, warps_n=warps_n, splits=splits, stream_loads=stream_loads)
+
+
+def mma_config(
+    m: int, n: int, k: int, tiles: int = 1, ksteps: int = 4, warps_k: int = 4, half: bool = False
+) -> MmaConfig:
+    chunks = cdiv(k // VEC, MMA_LANES_K * ksteps)
+    warps_k = min(chunks, warps_k)
+    warps_n = max(1, MIN_WARPS_PER_CTA // warps_k)
+    row_blocks = cdiv(n, (MMA_ROWS // 2 if half else MMA_ROWS) * tiles * warps_n)
+    per_warp = cdiv(chunks, warps_k)
+    splits = 1
+    if row_blocks < MIN_CTAS and per_warp > 1:
+        splits = min(per_warp, cdiv(MIN_CTAS, row_blocks))
+        splits = cdiv(per_warp, cdiv(per_warp, splits))
+    return MmaConfig(tiles=tiles, ksteps=ksteps, warps_k=warps_k, warps_n=warps_n, splits=splits, half=half)
 
 
 def candidate_configs(m: int, n: int, k: int) -> list[GemvConfig]:
-    """The default split first, then the alternatives ``benchmarks/gemv.py`` times against it: lane tiles of 8
-    and 16 weight vectors with plain and streaming loads, and the default with interleaved loads, with two
+    """The default split first, then the FMA splits ``benchmarks/gemv.py`` times against it: lane tiles of 8
+    and 16 weight vectors with plain and streaming loads, and the FMA default with interleaved loads, with two
     splits and without programmatic dependent launch."""
-    base = gemv_config(m, n, k)
+    base = fma_config(m, n, k)
     out = [base]
     # 8 weight vectors (128 B) in flight per lane, then 16 (256 B: more bytes per thread, fewer CTAs per SM).
     for vecs, rows in ((8, 1), (4, 2), (2, 4), (1, 8), (8, 2), (4, 4), (2, 8)):
         for stream_loads in (True, False):
-            out.append(replace(gemv_config(m, n, k, vecs=vecs, rows=rows), stream_loads=stream_loads))
+            out.append(fma_config(m, n, k, vecs=vecs, rows=rows, stream_loads=stream_loads))
     out.append(replace(base, hoist_loads=False))
     if base.splits == 1 and cdiv(cdiv(k // VEC, WARP * base.vecs), base.warps_k) > 1:
         out.append(replace(base, splits=2))
     out.append(replace(base, pdl=False))
+    return _valid([gemv_config(m, n, k), *out], m, n, k)
+
+
+def mma_candidates(m: int, n: int, k: int) -> list[MmaConfig]:
+    """Tensor-core splits ``benchmarks/gemv.py --mma`` times: tiles of 16 or 8 rows (``half``), 1 or 2 per warp,
+    2, 4 or 8 k-steps (64-256 bytes of weights in flight per lane), 4 or 8 warps along K."""
+    out = []
+    for tiles, ksteps, warps_k, half in (
+        (1, 2, 4, False),
+        (1, 4, 4, False),
+        (2, 2, 4, False),
+        (1, 8, 8, False),
+        (1, 4, 4, True),
+        (1, 8, 4, True),
+        (2, 4, 4, True),
+        (1, 8, 8, True),
+        (1, 4, 8, True),
+    ):
+        out.append(mma_config(m, n, k, tiles=tiles, ksteps=ksteps, warps_k=warps_k, half=half))
+    return _valid(out, m, n, k)
+
+
+def _valid(configs: list, m: int, n: int, k: int) -> list:
+    """``configs`` without the ones that cannot compute the problem, and without repeats, in order."""
     unique = []
-    for c in out:
+    for c in configs:
         try:
             c.check(m, n, k)
         except ValueError:
@@ -193,3 +338,7 @@ def candidate_configs(m: int, n: int, k: int) -> list[GemvConfig]:
         if c not in unique:
             unique.append(c)
     return unique
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)

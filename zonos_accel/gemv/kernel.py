@@ -5,13 +5,18 @@ compile-time constants, so every index, bound and predicate folds to constants e
 ids, and the Zonos shapes compile without predicates. The work split and its index map are in
 :mod:`zonos_accel.gemv.config`.
 
-Per lane: issue all of an iteration's 128-bit loads (``rows * vecs`` weight vectors, then ``M * vecs``
-x vectors; with ``pdl``, x only after the previous kernel finished), then FMA chains in fp32, one per
-(x row, weight row). Then a butterfly shuffle sums each warp,
-shared memory sums a CTA's ``warps_k`` warps in order, and the total is rounded once to the output dtype
-(or, split-K, written as an fp32 partial that :meth:`SkinnyGemv.split_sum_kernel` sums in order of split).
-Every weight element is loaded once per call, for all M rows of x. Weight rows past N are clamped to
-row N-1 for loading (valid memory; those results are never stored); vectors past K are predicated off.
+:class:`FmaGemv`, per lane: issue all of an iteration's 128-bit loads (``rows * vecs`` weight vectors, then
+``M * vecs`` x vectors; with ``pdl``, x only after the previous kernel finished), then FMA chains in fp32, one
+per (x row, weight row). Then a butterfly shuffle sums each warp, shared memory sums a CTA's ``warps_k`` warps
+in order, and the total is rounded once to the output dtype (or, split-K, written as an fp32 partial that
+:meth:`FmaGemv.split_sum_kernel` sums in order of split).
+
+:class:`MmaGemv` loads the same way but multiplies on the tensor cores: the 128-bit vectors are the
+``mma.m16n8k16`` fragments as loaded (see :class:`~zonos_accel.gemv.config.MmaConfig`), each lane ends with
+whole sums over its K range, and only the warps along K are summed, through shared memory as above.
+
+Both load every weight element once per call, for all M rows of x. Weight rows past N are clamped to row N-1
+for loading (valid memory; those results are never stored); vectors past K are predicated off.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from cutlass._mlir.dialects import llvm
 from cutlass.cute.runtime import make_ptr
 from cutlass.cutlass_dsl import T, dsl_user_op
 
-from zonos_accel.gemv.config import VEC, WARP, GemvConfig, cdiv
+from zonos_accel.gemv.config import MMA_LANES_K, VEC, WARP, GemvConfig, MmaConfig, cdiv
 
 CUTE_DTYPES = {torch.bfloat16: cutlass.BFloat16, torch.float16: cutlass.Float16}
 GMEM = cute.AddressSpace.gmem
@@ -52,12 +57,33 @@ def load_streaming(src: cute.Tensor, dst: cute.Tensor, *, loc=None, ip=None) -> 
         dst32[i] = Int32(llvm.extractvalue(i32, words, [i], loc=loc, ip=ip))
 
 
-class SkinnyGemv:
+@dsl_user_op
+def mma_16816(a: list, b: list, c: list, ptx_type: str, *, loc=None, ip=None) -> list:
+    """D (16 × 8, fp32) = A (16 × 16) · B (16 × 8) + C with ``mma.sync.m16n8k16``: ``a`` 4 and ``b`` 2 registers of
+    two 16-bit ``ptx_type`` elements each, ``c`` 4 Float32, in the PTX fragment order."""
+    f32 = T.f32()
+    operands = [Int32(v).ir_value(loc=loc, ip=ip) for v in (*a, *b)] + [Float32(v).ir_value(loc=loc, ip=ip) for v in c]
+    d = llvm.inline_asm(
+        llvm.StructType.get_literal([f32] * 4),
+        operands,
+        f"mma.sync.aligned.m16n8k16.row.col.f32.{ptx_type}.{ptx_type}.f32 "
+        "{$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};",
+        "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f",
+        has_side_effects=False,
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+        loc=loc,
+        ip=ip,
+    )
+    return [Float32(llvm.extractvalue(f32, d, [i], loc=loc, ip=ip)) for i in range(4)]
+
+
+class FmaGemv:
     """y (M, N) = x (M, K) · W (N, K)ᵀ, 16-bit in and out, fp32 accumulation; see the module docstring."""
 
     def __init__(self, dtype: type[cutlass.Numeric], m: int, n: int, k: int, config: GemvConfig):
         if dtype.width != 16:
-            raise ValueError(f"SkinnyGemv takes 16-bit inputs, got {dtype}")
+            raise ValueError(f"FmaGemv takes 16-bit inputs, got {dtype}")
         config.check(m, n, k)
         self.dtype = dtype
         self.m, self.n, self.k = m, n, k
@@ -247,8 +273,121 @@ class SkinnyGemv:
                     mOut[split, mi, row] = value
 
 
+class MmaGemv(FmaGemv):
+    """The same product on tensor cores (:class:`~zonos_accel.gemv.config.MmaConfig`): no conversions, no
+    per-element FMAs, no shuffles; the fragments come straight from the 128-bit loads."""
+
+    @cute.kernel
+    def gemv_kernel(self, gX: cute.Tensor, gW: cute.Tensor, mOut: cute.Tensor):
+        cfg = self.cfg
+        M, TL, S = self.m, cfg.tiles, cfg.ksteps
+        ptx_type = "bf16" if const_expr(self.dtype is cutlass.BFloat16) else "f16"
+        tidx, _, _ = cute.arch.thread_idx()
+        bid_n, bid_s, _ = cute.arch.block_idx()
+        lane = tidx % WARP
+        warp = tidx // WARP
+        g = lane // MMA_LANES_K  # row (of each 8-row half of a tile) and x row of this lane
+        c = lane % MMA_LANES_K  # vector within the k-step
+        wk = warp % cfg.warps_k
+        wn = warp // cfg.warps_k
+        row0 = cfg.first_row(bid_n, wn)
+        copy_atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=128)
+        acc = cute.make_rmem_tensor((4, TL), Float32)
+        acc.fill(0.0)
+        for it in cutlass.range_constexpr(self.iters):
+            wv = cute.make_rmem_tensor((VEC, S, cfg.halves, TL), self.dtype)
+            xv = cute.make_rmem_tensor((VEC, S), self.dtype)
+            xv.fill(0.0)  # x rows past M (and vectors past K) stay zero
+            if const_expr(not self.k_exact):
+                wv.fill(0.0)
+            for s in cutlass.range_constexpr(S):
+                kv = cfg.kvec(it, bid_s, wk, c, s)
+                if const_expr(self.k_exact):
+                    self._load_tiles(copy_atom, gW, wv, row0 + g, kv, s)
+                else:
+                    if kv < self.kvecs:
+                        self._load_tiles(copy_atom, gW, wv, row0 + g, kv, s)
+            if const_expr(cfg.pdl and it == 0):
+                cute.arch.griddepcontrol_wait()
+            elif const_expr(cfg.hoist_loads):
+                cute.arch.barrier()
+            if g < M:
+                for s in cutlass.range_constexpr(S):
+                    kv = cfg.kvec(it, bid_s, wk, c, s)
+                    if const_expr(self.k_exact):
+                        cute.copy(copy_atom, gX[None, (g, kv)], xv[None, s])
+                    else:
+                        if kv < self.kvecs:
+                            cute.copy(copy_atom, gX[None, (g, kv)], xv[None, s])
+            if const_expr(cfg.pdl and it == 0):
+                cute.arch.griddepcontrol_launch_dependents()
+            w32 = cute.recast_tensor(wv, Int32)  # (4, S, halves, TL): words of two elements
+            h1 = cfg.halves - 1  # the fragment's rows g + 8: the second half, or row g again
+            x32 = cute.recast_tensor(xv, Int32)  # (4, S)
+            for t in cutlass.range_constexpr(TL):
+                for s in cutlass.range_constexpr(S):
+                    for half in cutlass.range_constexpr(2):  # elements 0-3, then 4-7, of the vectors
+                        w0, w1 = 2 * half, 2 * half + 1
+                        d = mma_16816(
+                            [w32[w0, s, 0, t], w32[w0, s, h1, t], w32[w1, s, 0, t], w32[w1, s, h1, t]],
+                            [x32[w0, s], x32[w1, s]],
+                            [acc[0, t], acc[1, t], acc[2, t], acc[3, t]],
+                            ptx_type,
+                        )
+                        for i in cutlass.range_constexpr(4):
+                            acc[i, t] = d[i]
+
+        # acc[2 h + j, t] is the sum for x row 2 c + j and weight row row0 + tile_rows t + 8 h + g.
+        TR = cfg.tile_rows
+        if const_expr(cfg.warps_k == 1):
+            for t in cutlass.range_constexpr(TL):
+                for h in cutlass.range_constexpr(cfg.halves):
+                    for j in cutlass.range_constexpr(2):
+                        if 2 * c + j < M:
+                            self._store(mOut, bid_s, 2 * c + j, row0 + TR * t + 8 * h + g, acc[2 * h + j, t])
+        else:
+            RW = cfg.rows
+            smem = cutlass.utils.SmemAllocator()
+            layout = cute.make_layout((M * RW, cfg.warps_k, cfg.warps_n), stride=(1, M * RW, M * RW * cfg.warps_k))
+            sRed = smem.allocate_tensor(Float32, layout, 16)
+            for t in cutlass.range_constexpr(TL):
+                for h in cutlass.range_constexpr(cfg.halves):
+                    for j in cutlass.range_constexpr(2):
+                        if 2 * c + j < M:
+                            sRed[(2 * c + j) * RW + TR * t + 8 * h + g, wk, wn] = acc[2 * h + j, t]
+            cute.arch.sync_threads()
+            for r in cutlass.range_constexpr(cdiv(M * RW * cfg.warps_n, cfg.threads)):
+                i = r * cfg.threads + tidx
+                if i < M * RW * cfg.warps_n:
+                    item = i % (M * RW)
+                    grp = i // (M * RW)
+                    total = sRed[item, 0, grp]
+                    for w in cutlass.range_constexpr(1, cfg.warps_k):
+                        total = total + sRed[item, w, grp]
+                    self._store(mOut, bid_s, item // RW, cfg.first_row(bid_n, grp) + item % RW, total)
+
+    @cute.jit
+    def _load_tiles(
+        self,
+        copy_atom: cute.CopyAtom,
+        gW: cute.Tensor,
+        wv: cute.Tensor,
+        row: Int32,
+        kv: Int32,
+        s: cutlass.Constexpr[int],
+    ):
+        """Vector ``kv`` of weight rows ``row + tile_rows t + 8 h`` → registers ``wv[:, s, h, t]``."""
+        for t in cutlass.range_constexpr(self.cfg.tiles):
+            for h in cutlass.range_constexpr(self.cfg.halves):
+                src = gW[None, (self._load_row(row + self.cfg.tile_rows * t + 8 * h), kv)]
+                if const_expr(self.cfg.stream_loads):
+                    load_streaming(src, wv[None, s, h, t])
+                else:
+                    cute.copy(copy_atom, src, wv[None, s, h, t])
+
+
 def launch_args(dtype: type[cutlass.Numeric], x: int, w: int, y: int, partial: int, stream: int) -> tuple:
-    """:meth:`SkinnyGemv.__call__`'s arguments from device addresses (16-byte aligned) and a stream handle."""
+    """:meth:`FmaGemv.__call__`'s arguments from device addresses (16-byte aligned) and a stream handle."""
     return (
         make_ptr(dtype, x, GMEM, assumed_align=16),
         make_ptr(dtype, w, GMEM, assumed_align=16),
@@ -261,5 +400,7 @@ def launch_args(dtype: type[cutlass.Numeric], x: int, w: int, y: int, partial: i
 def compile_gemv(
     dtype: type[cutlass.Numeric], m: int, n: int, k: int, config: GemvConfig, args: tuple, options: str = ""
 ):
-    """Compile :class:`SkinnyGemv` for one problem; ``args`` are example :func:`launch_args`."""
-    return cute.compile(SkinnyGemv(dtype, m, n, k, config), *args, options=options)
+    """Compile the kernel of ``config`` (:class:`FmaGemv` or :class:`MmaGemv`) for one problem; ``args`` are example
+    :func:`launch_args`."""
+    cls = MmaGemv if isinstance(config, MmaConfig) else FmaGemv
+    return cute.compile(cls(dtype, m, n, k, config), *args, options=options)

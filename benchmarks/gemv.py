@@ -7,8 +7,8 @@ bandwidth measured in this run (a sum over 4 GiB). A time below what the bytes a
 (4.8 TB/s) is rejected, not printed: such a kernel did not run in the graph (launched off the capture
 stream). Each row also checks the result against float64, next to cuBLAS's own error.
 
-Tables, each printed when done: (1) every projection shape × M ∈ {1, 2, 4}, tuned split; (2) M = 8 and 16,
-for the routing limit (with the tensor-core kernel at M = 8); (3) every work split of ``candidate_configs``
+Tables, each printed when done: (1) every projection shape × M ∈ {1, 2, 4, 8}, tuned split; (2) M = 16, past
+the routing limit (MAX_ROWS); (3) every work split of ``candidate_configs``
 (``--sweep fma``) or ``mma_candidates`` (``--sweep mma``) at the ``--sweep-m`` values, instead of (1) and (2),
 the best one per problem listed for the ``TUNED`` table;
 (4) the projections of one whole decode step (34 Mamba2 + 12 attention layers, M = 2, distinct weights)
@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from gpu import environment, event_times, read_bandwidth_gbs, report
 
 from zonos_accel.gemv import gemv
-from zonos_accel.gemv.config import MMA_COLS, MmaConfig, candidate_configs, gemv_config, mma_candidates, mma_config
+from zonos_accel.gemv.config import MmaConfig, candidate_configs, fma_config, gemv_config, mma_candidates
 
 # Zonos-v0.1-hybrid projections (N, K) and how many a decode step runs.
 SHAPES = {
@@ -239,19 +239,16 @@ def main() -> int:
     if not args.sweep:
         rows = []
         for name, (n, k) in SHAPES.items():
-            for m in (1, 2, 4):
+            for m in (1, 2, 4, 8):
                 rows += measure(name, n, k, m, [gemv_config(m, n, k)], bw)[0]
         print(report("Projection shapes, default split (median of graph replays, cold weights)", HEADER, rows))
 
         rows = []
         for name in ("mamba in_proj", "attn out"):
             n, k = SHAPES[name]
-            for m in (8, 16):
-                configs = [gemv_config(m, n, k)]
-                if m <= MMA_COLS:  # the tensor-core kernel's cost does not grow with M
-                    configs.append(mma_config(m, n, k, ksteps=4, warps_k=8, half=True))
-                rows += measure(name, n, k, m, configs, bw)[0]
-        print(report("Routing limit: M = 8 and 16 (decode with batching)", HEADER, rows))
+            configs = [fma_config(16, n, k)]
+            rows += measure(name, n, k, 16, configs, bw)[0]
+        print(report("Routing limit: M = 16 (decode with batching; stays on cuBLAS)", HEADER, rows))
 
     best, tuned_lines = {}, []
     for m in args.sweep_m if args.sweep else []:

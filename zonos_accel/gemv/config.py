@@ -203,9 +203,10 @@ LANE_TILES = {1: (8, 1), 2: (2, 4), 3: (2, 4), 4: (2, 4)}
 MIN_WARPS_PER_CTA = 4
 MAX_WARPS_K = 4
 MIN_CTAS = 2 * NUM_SMS  # fewer row blocks than this: split K across CTAs
-# The largest M routed to the kernel (prefill stays on cuBLAS). At M = 8 and 16 cuBLAS beat the FMA kernel
-# (in_proj 0.71x and 0.39x; H200, benchmarks/gemv.py, 2026-11-30); decode runs M = 2 (batch 1 with CFG).
-MAX_ROWS = 4
+# The largest M routed to the kernels (prefill stays on cuBLAS): at M = 8 the tensor-core kernel beats cuBLAS on
+# every Zonos shape (1.05-1.45x), at M = 16 (past its 8 columns) the FMA kernel loses (in_proj 0.35x); H200,
+# benchmarks/gemv.py, 2026-11-30. Decode runs M = 2 (batch 1 with CFG), batch 4 with CFG M = 8.
+MAX_ROWS = MMA_COLS
 
 
 def lane_tile(m: int) -> tuple[int, int]:
@@ -242,14 +243,24 @@ TUNED: dict[tuple[int, int, int], tuple] = {
     (4, 16384, 2048): ("mma", 1, 4, 8, True),  # MLP fc1: 17.62 (19.01; FMA 21.86)
     (4, 2048, 8192): ("fma", 2, 4, True),  # MLP fc2: 10.76 (14.14)
     (4, 9232, 2048): ("mma", 1, 4, 8, True),  # the 9 heads: 10.66 (13.40; FMA 13.55)
+    # M = 8 (`--sweep mma --sweep-m 8`); M = 5..7 use these too: the tensor cores compute 8 columns whatever M.
+    (8, 8512, 2048): ("mma", 1, 8, 8, True),  # Mamba2 in_proj: 10.41 (11.55; FMA 17.40)
+    (8, 2048, 4096): ("mma", 2, 4, 4, True),  # Mamba2 out_proj: 8.24 (9.46; FMA 8.40)
+    (8, 3072, 2048): ("mma", 1, 8, 8, True),  # attention qkv: 4.92 (6.52; FMA 7.87)
+    (8, 2048, 2048): ("mma", 1, 8, 8, True),  # attention out: 4.20 (6.10; FMA 5.52)
+    (8, 16384, 2048): ("mma", 2, 2, 4, False),  # MLP fc1: 18.15 (19.15; FMA 30.99)
+    (8, 2048, 8192): ("mma", 1, 4, 8, True),  # MLP fc2: 13.03 (13.62; FMA 14.03)
+    (8, 9232, 2048): ("mma", 1, 8, 8, True),  # the 9 heads: 11.05 (12.71; FMA 18.52)
 }
 
 
 def gemv_config(m: int, n: int, k: int) -> GemvConfig:
-    """The work split for x (m, k) · W (n, k)ᵀ: the :data:`TUNED` entry, else the FMA kernel's lane tile."""
-    entry = TUNED.get((m, n, k))
+    """The work split for x (m, k) · W (n, k)ᵀ: the :data:`TUNED` entry (M = 5..7 take M = 8's), else the
+    tensor-core kernel's 8-row tiles for M = 5..8 and the FMA kernel's lane tile for other M."""
+    many = 4 < m <= MMA_COLS
+    entry = TUNED.get((MMA_COLS if many else m, n, k))
     if entry is None:
-        return fma_config(m, n, k)
+        return mma_config(m, n, k, ksteps=8, warps_k=8, half=True) if many else fma_config(m, n, k)
     kind, *tile = entry
     if kind == "mma":
         tiles, ksteps, warps_k, half = tile

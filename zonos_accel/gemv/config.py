@@ -320,8 +320,9 @@ def candidate_configs(m: int, n: int, k: int) -> list[GemvConfig]:
 
 
 def mma_candidates(m: int, n: int, k: int) -> list[MmaConfig]:
-    """Tensor-core splits ``benchmarks/gemv.py --mma`` times: tiles of 16 or 8 rows (``half``), 1 or 2 per warp,
-    2, 4 or 8 k-steps (64-256 bytes of weights in flight per lane), 4 or 8 warps along K."""
+    """Tensor-core splits ``benchmarks/gemv.py --sweep mma`` times: tiles of 16 or 8 rows (``half``), 1 or 2 per
+    warp, 2, 4 or 8 k-steps (64-256 bytes of weights in flight per lane), 4, 8 or 16 warps along K; and each
+    split-K one without its split (the rows may give enough warps: 8 per CTA at N = 2048 is 2048 warps)."""
     out = []
     for tiles, ksteps, warps_k, half in (
         (1, 2, 4, False),
@@ -333,8 +334,10 @@ def mma_candidates(m: int, n: int, k: int) -> list[MmaConfig]:
         (2, 4, 4, True),
         (1, 8, 8, True),
         (1, 4, 8, True),
+        (1, 4, 16, True),
     ):
-        out.append(mma_config(m, n, k, tiles=tiles, ksteps=ksteps, warps_k=warps_k, half=half))
+        cfg = mma_config(m, n, k, tiles=tiles, ksteps=ksteps, warps_k=warps_k, half=half)
+        out += [cfg, replace(cfg, splits=1)]
     return _valid(out, m, n, k)
 
 

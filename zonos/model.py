@@ -119,8 +119,8 @@ class Zonos(nn.Module):
                 tensors only). None: on when the device is CUDA and ``zonos-accel[gpu]`` is installed.
             cuda_graphs: replay the decode step as a CUDA graph captured once and reused across requests.
                 None: on when the device is CUDA.
-            use_cute_gemv: decode-shaped projections (≤ 4 rows) through our CuTeDSL GEMV instead of cuBLAS
-                (needs ``nvidia-cutlass-dsl``; process-wide; prefill stays on cuBLAS).
+            use_cute_gemv: decode-shaped projections (≤ 8 rows: batch ≤ 4 with CFG) through our CuTeDSL GEMVs
+                instead of cuBLAS (needs ``nvidia-cutlass-dsl``; process-wide; prefill stays on cuBLAS).
         """
         if backbone not in (None, "torch", "mamba_ssm"):
             raise ValueError(f"unknown backbone {backbone!r}: upstream's names are 'torch' and 'mamba_ssm'")

@@ -16,8 +16,60 @@ MMA_COLS = 8  # x rows per mma (its N)
 MMA_LANES_K = 4  # lanes side by side along K in the fragment: a k-step is 4 vectors = 32 elements (twice its K)
 
 
+class _Grid:
+    """The grid both kernels' splits share, from a split's ``rows`` (weight rows per warp) and ``chunk_vecs``
+    (128-bit vectors of a row a warp covers per iteration): ``warps_k`` warps side by side along K times
+    ``warps_n`` on different rows per CTA, and ``splits`` CTAs along grid y sharing a row block's chunks.
+
+    The index map is plain arithmetic, so the same code runs on the device's Int32 values and on the CPU tests'
+    tensors (which check that every weight vector is read exactly once).
+    """
+
+    @property
+    def threads(self) -> int:
+        return WARP * self.warps_k * self.warps_n
+
+    @property
+    def rows_per_cta(self) -> int:
+        return self.rows * self.warps_n
+
+    def first_row(self, block_n, group):
+        """First weight row of row group ``group`` (0..warps_n-1) in CTA ``block_n``."""
+        return (block_n * self.warps_n + group) * self.rows
+
+    def chunk(self, it, split, warp_k):
+        """The warp-chunk (along K, in units of ``chunk_vecs``) a warp walks at iteration ``it``."""
+        return (it * self.splits + split) * self.warps_k + warp_k
+
+    def iters(self, k: int) -> int:
+        """Warp-chunks each warp walks (the kernels unroll them)."""
+        return cdiv(cdiv(k // VEC, self.chunk_vecs), self.warps_k * self.splits)
+
+    def row_blocks(self, n: int) -> int:
+        return cdiv(n, self.rows_per_cta)
+
+    def k_exact(self, k: int) -> bool:
+        """Every vector index the lanes reach is inside K (no predicate on the loads)."""
+        return self.iters(k) * self.splits * self.warps_k * self.chunk_vecs == k // VEC
+
+    def n_exact(self, n: int) -> bool:
+        """Every row the warps reach is inside N (no clamp, no store predicate)."""
+        return n % self.rows_per_cta == 0
+
+    def _check_grid(self, m: int, n: int, k: int, *sizes: int) -> None:
+        if k % VEC:
+            raise ValueError(f"K = {k} must be a multiple of {VEC} (rows are read as 128-bit vectors)")
+        if min(*sizes, self.warps_k, self.warps_n, self.splits, m, n, k) < 1:
+            raise ValueError(f"{self} for M={m}, N={n}, K={k}: every size must be positive")
+        if self.threads > 1024:
+            raise ValueError(f"{self}: {self.threads} threads per CTA exceed 1024")
+        per_warp = cdiv(cdiv(k // VEC, self.chunk_vecs), self.warps_k)
+        if self.splits > per_warp:
+            raise ValueError(f"{self}: {self.splits} splits for {per_warp} chunks per warp")
+
+
 @dataclass(frozen=True)
-class FmaConfig:
+class FmaConfig(_Grid):
     """How one (M, N, K) problem is split over lanes, warps and CTAs.
 
     - a lane loads ``vecs`` 128-bit vectors of each of its warp's ``rows`` weight rows per warp-chunk
@@ -53,58 +105,24 @@ class FmaConfig:
     pdl: bool = True
 
     @property
-    def threads(self) -> int:
-        return WARP * self.warps_k * self.warps_n
-
-    # The kernel's index map, in plain arithmetic so the same code runs on the device's Int32 values and on
-    # the CPU tests' tensors (which check that every weight vector is read exactly once).
-
-    def first_row(self, block_n, group):
-        """First weight row of row group ``group`` (0..warps_n-1) in CTA ``block_n``."""
-        return (block_n * self.warps_n + group) * self.rows
+    def chunk_vecs(self) -> int:
+        return WARP * self.vecs
 
     def kvec(self, it, split, warp_k, lane, v):
         """The 128-bit vector (index along K / 8) a lane loads for iteration ``it`` and vector ``v``."""
-        return ((it * self.splits + split) * self.warps_k + warp_k) * (WARP * self.vecs) + v * WARP + lane
-
-    def iters(self, k: int) -> int:
-        """Warp-chunks each warp walks (the kernel unrolls them)."""
-        return cdiv(cdiv(k // VEC, WARP * self.vecs), self.warps_k * self.splits)
-
-    def row_blocks(self, n: int) -> int:
-        return cdiv(n, self.rows_per_cta)
-
-    def k_exact(self, k: int) -> bool:
-        """Every vector index the lanes reach is inside K (no predicate on the loads)."""
-        return self.iters(k) * self.splits * self.warps_k * WARP * self.vecs == k // VEC
-
-    def n_exact(self, n: int) -> bool:
-        """Every row the warps reach is inside N (no clamp, no store predicate)."""
-        return n % self.rows_per_cta == 0
-
-    @property
-    def rows_per_cta(self) -> int:
-        return self.rows * self.warps_n
+        return self.chunk(it, split, warp_k) * self.chunk_vecs + v * WARP + lane
 
     def check(self, m: int, n: int, k: int) -> None:
         """Raise ValueError if this split cannot compute x (m, k) · W (n, k)ᵀ."""
-        if k % VEC:
-            raise ValueError(f"K = {k} must be a multiple of {VEC} (rows are read as 128-bit vectors)")
-        if min(self.vecs, self.rows, self.warps_k, self.warps_n, self.splits, m, n, k) < 1:
-            raise ValueError(f"{self} for M={m}, N={n}, K={k}: every size must be positive")
-        if self.threads > 1024:
-            raise ValueError(f"{self}: {self.threads} threads per CTA exceed 1024")
+        self._check_grid(m, n, k, self.vecs, self.rows)
         if self.warps_k > 1 and m * self.rows * self.warps_n > self.threads:
             raise ValueError(
                 f"{self}: {m * self.rows * self.warps_n} partial sums (M * rows * warps_n) exceed the threads"
             )
-        per_warp = cdiv(cdiv(k // VEC, WARP * self.vecs), self.warps_k)
-        if self.splits > per_warp:
-            raise ValueError(f"{self}: {self.splits} splits for {per_warp} chunks per warp")
 
 
 @dataclass(frozen=True)
-class MmaConfig:
+class MmaConfig(_Grid):
     """Work split of the tensor-core GEMV (:class:`~zonos_accel.gemv.kernel.MmaGemv`), M ≤ 8.
 
     A warp computes ``tiles`` tiles of 16 weight rows × the M rows of x with ``mma.m16n8k16`` (the 8 columns
@@ -114,7 +132,7 @@ class MmaConfig:
     fragment, so the loaded registers are the fragments as they are, with no shuffles or conversions.
     A warp walks ``ksteps`` steps per iteration (all their loads issued before the first MMA); CTAs hold
     ``warps_k`` warps along K times ``warps_n`` along N, and ``splits`` CTAs share a row block's K as in
-    :class:`GemvConfig`.
+    :class:`FmaConfig`.
 
     ``half``: tiles of 8 weight rows, fed to both halves of the fragment (the second half's sums are
     discarded): twice the warps for the same rows, half the bytes per lane, where 16-row tiles leave too few
@@ -141,55 +159,23 @@ class MmaConfig:
         return 1 if self.half else 2
 
     @property
-    def threads(self) -> int:
-        return WARP * self.warps_k * self.warps_n
-
-    @property
     def rows(self) -> int:
         """Weight rows per warp."""
         return self.tile_rows * self.tiles
 
     @property
-    def rows_per_cta(self) -> int:
-        return self.rows * self.warps_n
-
-    @property
     def chunk_vecs(self) -> int:
-        """128-bit vectors of a row that a warp covers per iteration."""
         return MMA_LANES_K * self.ksteps
-
-    def first_row(self, block_n, group):
-        return (block_n * self.warps_n + group) * self.rows
 
     def kvec(self, it, split, warp_k, c, step):
         """The vector (index along K / 8) that lanes with ``lane % 4 == c`` load at iteration ``it``, step ``step``."""
-        return ((it * self.splits + split) * self.warps_k + warp_k) * self.chunk_vecs + step * MMA_LANES_K + c
-
-    def iters(self, k: int) -> int:
-        return cdiv(cdiv(k // VEC, self.chunk_vecs), self.warps_k * self.splits)
-
-    def row_blocks(self, n: int) -> int:
-        return cdiv(n, self.rows_per_cta)
-
-    def k_exact(self, k: int) -> bool:
-        return self.iters(k) * self.splits * self.warps_k * self.chunk_vecs == k // VEC
-
-    def n_exact(self, n: int) -> bool:
-        return n % self.rows_per_cta == 0
+        return self.chunk(it, split, warp_k) * self.chunk_vecs + step * MMA_LANES_K + c
 
     def check(self, m: int, n: int, k: int) -> None:
         """Raise ValueError if this split cannot compute x (m, k) · W (n, k)ᵀ."""
-        if k % VEC:
-            raise ValueError(f"K = {k} must be a multiple of {VEC} (rows are read as 128-bit vectors)")
+        self._check_grid(m, n, k, self.tiles, self.ksteps)
         if m > MMA_COLS:
             raise ValueError(f"the tensor-core GEMV takes at most {MMA_COLS} rows of x, got M = {m}")
-        if min(self.tiles, self.ksteps, self.warps_k, self.warps_n, self.splits, m, n, k) < 1:
-            raise ValueError(f"{self} for M={m}, N={n}, K={k}: every size must be positive")
-        if self.threads > 1024:
-            raise ValueError(f"{self}: {self.threads} threads per CTA exceed 1024")
-        per_warp = cdiv(cdiv(k // VEC, self.chunk_vecs), self.warps_k)
-        if self.splits > per_warp:
-            raise ValueError(f"{self}: {self.splits} splits for {per_warp} chunks per warp")
 
 
 GemvConfig = FmaConfig | MmaConfig  # the two kernels' splits

@@ -196,23 +196,12 @@ class FmaGemv:
                     for r in cutlass.range_constexpr(R):
                         self._store(mOut, bid_s, mi, row0 + r, acc[mi, r])
         else:
-            # Sum over the CTA's warps along K, in order, through shared memory.
-            smem = cutlass.utils.SmemAllocator()
-            sRed = smem.allocate_tensor(
-                Float32, cute.make_layout((M * R, cfg.warps_k, cfg.warps_n), stride=(1, M * R, M * R * cfg.warps_k)), 16
-            )
+            sRed = self._warp_sums(cutlass.utils.SmemAllocator())
             if lane == 0:
                 for mi in cutlass.range_constexpr(M):
                     for r in cutlass.range_constexpr(R):
                         sRed[mi * R + r, wk, wn] = acc[mi, r]
-            cute.arch.sync_threads()
-            if tidx < M * R * cfg.warps_n:
-                i = tidx % (M * R)
-                g = tidx // (M * R)
-                s = sRed[i, 0, g]
-                for w in cutlass.range_constexpr(1, cfg.warps_k):
-                    s = s + sRed[i, w, g]
-                self._store(mOut, bid_s, i // R, cfg.first_row(bid_n, g) + i % R, s)
+            self._sum_warps_and_store(mOut, sRed, tidx, bid_n, bid_s)
 
     @cute.kernel
     def split_sum_kernel(self, mP: cute.Tensor, mY: cute.Tensor):
@@ -229,6 +218,29 @@ class FmaGemv:
             mY[mi, col] = s.to(self.dtype)
 
     # -------------------------------------------------------------------------------------- helpers
+
+    def _warp_sums(self, smem: cutlass.utils.SmemAllocator) -> cute.Tensor:
+        """Shared memory for each warp's sums: [x row * rows + row, warp along K, warp group along N]."""
+        MR = self.m * self.cfg.rows
+        layout = cute.make_layout((MR, self.cfg.warps_k, self.cfg.warps_n), stride=(1, MR, MR * self.cfg.warps_k))
+        return smem.allocate_tensor(Float32, layout, 16)
+
+    @cute.jit
+    def _sum_warps_and_store(self, mOut: cute.Tensor, sRed: cute.Tensor, tidx: Int32, bid_n: Int32, bid_s: Int32):
+        """Once every warp has written its sums to ``sRed``: sum them over the CTA's warps along K, in order, and
+        store."""
+        cfg = self.cfg
+        MR = self.m * cfg.rows
+        cute.arch.sync_threads()
+        for rnd in cutlass.range_constexpr(cdiv(MR * cfg.warps_n, cfg.threads)):
+            i = rnd * cfg.threads + tidx
+            if i < MR * cfg.warps_n:
+                item = i % MR
+                grp = i // MR
+                total = sRed[item, 0, grp]
+                for w in cutlass.range_constexpr(1, cfg.warps_k):
+                    total = total + sRed[item, w, grp]
+                self._store(mOut, bid_s, item // cfg.rows, cfg.first_row(bid_n, grp) + item % cfg.rows, total)
 
     @cute.jit
     def _load_weights(
@@ -346,25 +358,13 @@ class MmaGemv(FmaGemv):
                         if 2 * c + j < M:
                             self._store(mOut, bid_s, 2 * c + j, row0 + TR * t + 8 * h + g, acc[2 * h + j, t])
         else:
-            RW = cfg.rows
-            smem = cutlass.utils.SmemAllocator()
-            layout = cute.make_layout((M * RW, cfg.warps_k, cfg.warps_n), stride=(1, M * RW, M * RW * cfg.warps_k))
-            sRed = smem.allocate_tensor(Float32, layout, 16)
+            sRed = self._warp_sums(cutlass.utils.SmemAllocator())
             for t in cutlass.range_constexpr(TL):
                 for h in cutlass.range_constexpr(cfg.halves):
                     for j in cutlass.range_constexpr(2):
                         if 2 * c + j < M:
-                            sRed[(2 * c + j) * RW + TR * t + 8 * h + g, wk, wn] = acc[2 * h + j, t]
-            cute.arch.sync_threads()
-            for r in cutlass.range_constexpr(cdiv(M * RW * cfg.warps_n, cfg.threads)):
-                i = r * cfg.threads + tidx
-                if i < M * RW * cfg.warps_n:
-                    item = i % (M * RW)
-                    grp = i // (M * RW)
-                    total = sRed[item, 0, grp]
-                    for w in cutlass.range_constexpr(1, cfg.warps_k):
-                        total = total + sRed[item, w, grp]
-                    self._store(mOut, bid_s, item // RW, cfg.first_row(bid_n, grp) + item % RW, total)
+                            sRed[(2 * c + j) * cfg.rows + TR * t + 8 * h + g, wk, wn] = acc[2 * h + j, t]
+            self._sum_warps_and_store(mOut, sRed, tidx, bid_n, bid_s)
 
     @cute.jit
     def _load_tiles(

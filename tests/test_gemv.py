@@ -166,20 +166,18 @@ def _cases(kind):
     return unique
 
 
-@pytest.mark.parametrize("m,n,k,cfg", _cases(FmaConfig))
-def test_split_reads_every_weight_vector_once(m, n, k, cfg):
-    """Replays FmaGemv's index map (the same FmaConfig methods it calls) over every lane of the grid."""
-    cfg.check(m, n, k)
+def _grid(sizes):
+    """One index tensor per entry of ``sizes``, each varying along its own dimension."""
+    return [torch.arange(size).view([-1 if d == i else 1 for d in range(len(sizes))]) for i, size in enumerate(sizes)]
+
+
+def _sample_rows(n, cfg):
+    """Row blocks are alike: 64 of them (and the ragged tail, if any) stand for all, keeping the tests fast."""
+    return min(n, n % cfg.rows_per_cta + 64 * cfg.rows_per_cta)
+
+
+def _assert_each_vector_once(row, kv, cfg, n, k):
     kvecs = k // VEC
-    # Row blocks are alike: 64 of them (and the ragged tail, if any) stand for all, keeping the test fast.
-    n = min(n, n % cfg.rows_per_cta + 64 * cfg.rows_per_cta)
-    assert cfg.threads <= 1024 and cfg.splits <= cdiv(cdiv(kvecs, WARP * cfg.vecs), cfg.warps_k)
-    sizes = (cfg.row_blocks(n), cfg.splits, cfg.warps_n, cfg.warps_k, WARP, cfg.iters(k), cfg.vecs, cfg.rows)
-    block, split, group, warp_k, lane, it, v, r = (
-        torch.arange(size).view([-1 if d == i else 1 for d in range(len(sizes))]) for i, size in enumerate(sizes)
-    )
-    row = (cfg.first_row(block, group) + r).expand(sizes)
-    kv = cfg.kvec(it, split, warp_k, lane, v).expand(sizes)
     if cfg.k_exact(k):
         assert (kv < kvecs).all()
     if cfg.n_exact(n):
@@ -187,6 +185,18 @@ def test_split_reads_every_weight_vector_once(m, n, k, cfg):
     inside = (row < n) & (kv < kvecs)
     counts = torch.bincount((row * kvecs + kv)[inside], minlength=n * kvecs)
     assert counts.numel() == n * kvecs and (counts == 1).all()
+
+
+@pytest.mark.parametrize("m,n,k,cfg", _cases(FmaConfig))
+def test_split_reads_every_weight_vector_once(m, n, k, cfg):
+    """Replays FmaGemv's index map (the same FmaConfig methods it calls) over every lane of the grid."""
+    cfg.check(m, n, k)
+    n = _sample_rows(n, cfg)
+    assert cfg.threads <= 1024 and cfg.splits <= cdiv(cdiv(k // VEC, WARP * cfg.vecs), cfg.warps_k)
+    sizes = (cfg.row_blocks(n), cfg.splits, cfg.warps_n, cfg.warps_k, WARP, cfg.iters(k), cfg.vecs, cfg.rows)
+    block, split, group, warp_k, lane, it, v, r = _grid(sizes)
+    row = (cfg.first_row(block, group) + r).expand(sizes)
+    _assert_each_vector_once(row, cfg.kvec(it, split, warp_k, lane, v).expand(sizes), cfg, n, k)
     # Each (row, split) is summed by exactly one CTA: a row block's warps_n groups own disjoint rows.
     first_lane = (row < n) & (warp_k == 0) & (lane == 0) & (it == 0) & (v == 0)
     owners = torch.bincount((row * cfg.splits + split.expand(sizes))[first_lane])
@@ -198,24 +208,14 @@ def test_tensor_core_split_reads_every_weight_vector_once(m, n, k, cfg):
     """The same replay for MmaGemv's map: lane 4 g + c loads vector kvec(.., c, step) of row g of each tile, and
     of row g + 8 too in 16-row tiles."""
     cfg.check(m, n, k)
-    kvecs = k // VEC
-    n = min(n, n % cfg.rows_per_cta + 64 * cfg.rows_per_cta)
+    n = _sample_rows(n, cfg)
     sizes = (
         cfg.row_blocks(n), cfg.splits, cfg.warps_n, cfg.warps_k, WARP // MMA_LANES_K, MMA_LANES_K, cfg.iters(k),
         cfg.ksteps, cfg.halves, cfg.tiles,
     )  # fmt: skip
-    block, split, group, warp_k, g, c, it, step, half, tile = (
-        torch.arange(size).view([-1 if d == i else 1 for d in range(len(sizes))]) for i, size in enumerate(sizes)
-    )
+    block, split, group, warp_k, g, c, it, step, half, tile = _grid(sizes)
     row = (cfg.first_row(block, group) + cfg.tile_rows * tile + 8 * half + g).expand(sizes)
-    kv = cfg.kvec(it, split, warp_k, c, step).expand(sizes)
-    if cfg.k_exact(k):
-        assert (kv < kvecs).all()
-    if cfg.n_exact(n):
-        assert (row < n).all()
-    inside = (row < n) & (kv < kvecs)
-    counts = torch.bincount((row * kvecs + kv)[inside], minlength=n * kvecs)
-    assert counts.numel() == n * kvecs and (counts == 1).all()
+    _assert_each_vector_once(row, cfg.kvec(it, split, warp_k, c, step).expand(sizes), cfg, n, k)
 
 
 def test_default_split_fills_the_gpu():

@@ -254,10 +254,15 @@ class FmaGemv:
     ):
         """Vector ``kv`` (along K / 8) of each of the warp's weight rows → registers ``wv[:, v, :]``."""
         for r in cutlass.range_constexpr(self.cfg.rows):
-            if const_expr(self.cfg.stream_loads):
-                load_streaming(gW[None, (self._load_row(row0 + r), kv)], wv[None, v, r])
-            else:
-                cute.copy(copy_atom, gW[None, (self._load_row(row0 + r), kv)], wv[None, v, r])
+            self._load_vector(copy_atom, gW[None, (self._load_row(row0 + r), kv)], wv[None, v, r])
+
+    @cute.jit
+    def _load_vector(self, copy_atom: cute.CopyAtom, src: cute.Tensor, dst: cute.Tensor):
+        """One 128-bit weight vector, with a streaming load if the split asks for it."""
+        if const_expr(self.cfg.stream_loads):
+            load_streaming(src, dst)
+        else:
+            cute.copy(copy_atom, src, dst)
 
     @cute.jit
     def _load_row(self, row: Int32) -> Int32:
@@ -380,10 +385,7 @@ class MmaGemv(FmaGemv):
         for t in cutlass.range_constexpr(self.cfg.tiles):
             for h in cutlass.range_constexpr(self.cfg.halves):
                 src = gW[None, (self._load_row(row + self.cfg.tile_rows * t + 8 * h), kv)]
-                if const_expr(self.cfg.stream_loads):
-                    load_streaming(src, wv[None, s, h, t])
-                else:
-                    cute.copy(copy_atom, src, wv[None, s, h, t])
+                self._load_vector(copy_atom, src, wv[None, s, h, t])
 
 
 def launch_args(dtype: type[cutlass.Numeric], x: int, w: int, y: int, partial: int, stream: int) -> tuple:

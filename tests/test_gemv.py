@@ -235,6 +235,10 @@ def test_config_rejects_what_the_kernel_cannot_do():
     cfg = gemv_config(2, 64, 2048)
     with pytest.raises(ValueError, match="splits"):
         type(cfg)(vecs=8, rows=1, warps_k=1, warps_n=4, splits=2).check(2, 64, 2048)
+    with pytest.raises(ValueError, match="at most 8 rows of x, got M = 9"):
+        mma_config(8, 64, 2048).check(9, 64, 2048)
+    with pytest.raises(ValueError, match="2048 threads per CTA exceed 1024"):
+        mma_config(2, 64, 2048, ksteps=1, warps_k=64).check(2, 64, 2048)
 
 
 def _hopper_ptx(m, n, k, cfg, tmp_path) -> str:

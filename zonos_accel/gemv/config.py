@@ -202,7 +202,7 @@ def lane_tile(m: int) -> tuple[int, int]:
 
 
 # Pinned splits (M, N, K) → ("fma", vecs, rows, stream_loads) or ("mma", tiles, ksteps, warps_k, half): the
-# fastest split in `benchmarks/gemv.py --sweep-m 1,2,4` and `--mma --sweep-m 1,2,4` (H200, 2026-11-30; µs per
+# fastest split in `benchmarks/gemv.py --sweep fma --sweep-m 1,2,4` and `--sweep mma` (H200, 2026-11-30; µs per
 # call, cold weights, graph replay; cuBLAS in brackets). M = 2 is the decode step (batch 1 with CFG); M = 1 and 4
 # are batch 1 without CFG and batch 2 with it. The tensor-core kernel wins where the FMA kernel's arithmetic
 # shows (M = 4, many rows); the FMA kernel's 512-byte row runs win where it does not. Streaming loads help the
@@ -261,8 +261,26 @@ def fma_config(
     """The FMA kernel's split with ``vecs`` × ``rows`` weight vectors per lane (default: :data:`LANE_TILES`)."""
     tile = lane_tile(m)
     vecs, rows = vecs or tile[0], rows or tile[1]
-    chunks = cdiv(k // VEC, WARP * vecs)
-    warps_k = min(chunks, MAX_WARPS_K)
+    warps_k, warps_n, splits = _grid_shape(n, k, rows, WARP * vecs, MAX_WARPS_K)
+    return FmaConfig(vecs=vecs, rows=rows, warps_k=warps_k, warps_n=warps_n, splits=splits, stream_loads=stream_loads)
+
+
+def mma_config(
+    m: int, n: int, k: int, tiles: int = 1, ksteps: int = 4, warps_k: int = 4, half: bool = False
+) -> MmaConfig:
+    """The tensor-core kernel's split with ``tiles`` tiles of 16 (``half``: 8) rows and ``ksteps`` k-steps per warp,
+    up to ``warps_k`` warps along K."""
+    rows = (MMA_ROWS // 2 if half else MMA_ROWS) * tiles
+    warps_k, warps_n, splits = _grid_shape(n, k, rows, MMA_LANES_K * ksteps, warps_k)
+    return MmaConfig(tiles=tiles, ksteps=ksteps, warps_k=warps_k, warps_n=warps_n, splits=splits, half=half)
+
+
+def _grid_shape(n: int, k: int, rows: int, chunk_vecs: int, max_warps_k: int) -> tuple[int, int, int]:
+    """(warps_k, warps_n, splits) for warps of ``rows`` rows walking chunks of ``chunk_vecs`` vectors: up to
+    ``max_warps_k`` warps along K, at least :data:`MIN_WARPS_PER_CTA` per CTA, and split-K when the row blocks
+    alone give fewer than :data:`MIN_CTAS` CTAs."""
+    chunks = cdiv(k // VEC, chunk_vecs)
+    warps_k = min(chunks, max_warps_k)
     warps_n = max(1, MIN_WARPS_PER_CTA // warps_k)
     row_blocks = cdiv(n, rows * warps_n)
     per_warp = cdiv(chunks, warps_k)
@@ -270,22 +288,7 @@ def fma_config(
     if row_blocks < MIN_CTAS and per_warp > 1:
         splits = min(per_warp, cdiv(MIN_CTAS, row_blocks))
         splits = cdiv(per_warp, cdiv(per_warp, splits))  # no split left without a chunk
-    return FmaConfig(vecs=vecs, rows=rows, warps_k=warps_k, warps_n=warps_n, splits=splits, stream_loads=stream_loads)
-
-
-def mma_config(
-    m: int, n: int, k: int, tiles: int = 1, ksteps: int = 4, warps_k: int = 4, half: bool = False
-) -> MmaConfig:
-    chunks = cdiv(k // VEC, MMA_LANES_K * ksteps)
-    warps_k = min(chunks, warps_k)
-    warps_n = max(1, MIN_WARPS_PER_CTA // warps_k)
-    row_blocks = cdiv(n, (MMA_ROWS // 2 if half else MMA_ROWS) * tiles * warps_n)
-    per_warp = cdiv(chunks, warps_k)
-    splits = 1
-    if row_blocks < MIN_CTAS and per_warp > 1:
-        splits = min(per_warp, cdiv(MIN_CTAS, row_blocks))
-        splits = cdiv(per_warp, cdiv(per_warp, splits))
-    return MmaConfig(tiles=tiles, ksteps=ksteps, warps_k=warps_k, warps_n=warps_n, splits=splits, half=half)
+    return warps_k, warps_n, splits
 
 
 def candidate_configs(m: int, n: int, k: int) -> list[GemvConfig]:
@@ -299,7 +302,7 @@ def candidate_configs(m: int, n: int, k: int) -> list[GemvConfig]:
         for stream_loads in (True, False):
             out.append(fma_config(m, n, k, vecs=vecs, rows=rows, stream_loads=stream_loads))
     out.append(replace(base, hoist_loads=False))
-    if base.splits == 1 and cdiv(cdiv(k // VEC, WARP * base.vecs), base.warps_k) > 1:
+    if base.splits == 1 and cdiv(cdiv(k // VEC, base.chunk_vecs), base.warps_k) > 1:
         out.append(replace(base, splits=2))
     out.append(replace(base, pdl=False))
     return _valid([gemv_config(m, n, k), *out], m, n, k)

@@ -201,7 +201,7 @@ def lane_tile(m: int) -> tuple[int, int]:
     return (1, 4) if m <= 8 else (1, 2)
 
 
-# Pinned splits (M, N, K) → ("fma", vecs, rows, stream_loads) or ("mma", tiles, ksteps, warps_k, half): the
+# Pinned splits (M, N, K) → ("fma", vecs, rows, stream_loads) or ("mma", tiles, ksteps, warps_k, half, split_k): the
 # fastest split in `benchmarks/gemv.py --sweep fma --sweep-m 1,2,4` and `--sweep mma` (H200, 2026-11-30; µs per
 # call, cold weights, graph replay; cuBLAS in brackets). M = 2 is the decode step (batch 1 with CFG); M = 1 and 4
 # are batch 1 without CFG and batch 2 with it. The tensor-core kernel wins where the FMA kernel's arithmetic
@@ -215,28 +215,28 @@ TUNED: dict[tuple[int, int, int], tuple] = {
     (1, 16384, 2048): ("fma", 2, 4, False),  # MLP fc1: 17.19 (18.99)
     (1, 2048, 8192): ("fma", 4, 2, False),  # MLP fc2: 9.70 (14.17)
     (1, 9232, 2048): ("fma", 1, 8, False),  # the 9 heads, stacked and padded: 9.88 (13.48)
-    (2, 8512, 2048): ("mma", 1, 4, 8, True),  # Mamba2 in_proj: 9.97 (11.75; FMA 10.30)
+    (2, 8512, 2048): ("mma", 1, 4, 8, True, True),  # Mamba2 in_proj: 9.97 (11.75; FMA 10.30)
     (2, 2048, 4096): ("fma", 2, 4, False),  # Mamba2 out_proj: 5.14 (9.61)
     (2, 3072, 2048): ("fma", 1, 8, False),  # attention qkv: 4.22 (6.48)
     (2, 2048, 2048): ("fma", 2, 4, False),  # attention out: 3.58 (6.07)
     (2, 16384, 2048): ("fma", 4, 2, True),  # MLP fc1: 17.86 (18.74)
     (2, 2048, 8192): ("fma", 2, 4, False),  # MLP fc2: 9.25 (13.81)
-    (2, 9232, 2048): ("mma", 1, 4, 8, True),  # the 9 heads: 10.74 (13.36; FMA 10.86)
-    (4, 8512, 2048): ("mma", 1, 4, 8, True),  # Mamba2 in_proj: 9.93 (11.81; FMA 12.68)
-    (4, 2048, 4096): ("fma", 2, 4, True),  # Mamba2 out_proj: 6.75 (9.42)
-    (4, 3072, 2048): ("mma", 1, 8, 8, True),  # attention qkv: 4.71 (6.51; FMA 4.99)
-    (4, 2048, 2048): ("mma", 1, 8, 8, False),  # attention out: 3.88 (6.06; FMA 4.12)
-    (4, 16384, 2048): ("mma", 1, 4, 8, True),  # MLP fc1: 17.62 (19.01; FMA 21.86)
-    (4, 2048, 8192): ("fma", 2, 4, True),  # MLP fc2: 10.76 (14.14)
-    (4, 9232, 2048): ("mma", 1, 4, 8, True),  # the 9 heads: 10.66 (13.40; FMA 13.55)
+    (2, 9232, 2048): ("mma", 1, 4, 8, True, True),  # the 9 heads: 10.74 (13.36; FMA 10.86)
+    (4, 8512, 2048): ("mma", 1, 4, 8, True, True),  # Mamba2 in_proj: 9.93 (11.81; FMA 12.68)
+    (4, 2048, 4096): ("mma", 1, 4, 16, True, False),  # Mamba2 out_proj: 6.17 (9.41; FMA 6.73)
+    (4, 3072, 2048): ("mma", 1, 8, 8, True, True),  # attention qkv: 4.71 (6.51; FMA 4.99)
+    (4, 2048, 2048): ("mma", 1, 4, 16, True, True),  # attention out: 3.80 (6.09; FMA 4.12)
+    (4, 16384, 2048): ("mma", 1, 4, 8, True, True),  # MLP fc1: 17.62 (19.01; FMA 21.86)
+    (4, 2048, 8192): ("mma", 1, 4, 16, True, False),  # MLP fc2: 10.41 (14.17; FMA 10.84)
+    (4, 9232, 2048): ("mma", 1, 4, 8, True, True),  # the 9 heads: 10.66 (13.40; FMA 13.55)
     # M = 8 (`--sweep mma --sweep-m 8`); M = 5..7 use these too: the tensor cores compute 8 columns whatever M.
-    (8, 8512, 2048): ("mma", 1, 8, 8, True),  # Mamba2 in_proj: 10.41 (11.55; FMA 17.40)
-    (8, 2048, 4096): ("mma", 2, 4, 4, True),  # Mamba2 out_proj: 8.24 (9.46; FMA 8.40)
-    (8, 3072, 2048): ("mma", 1, 8, 8, True),  # attention qkv: 4.92 (6.52; FMA 7.87)
-    (8, 2048, 2048): ("mma", 1, 8, 8, True),  # attention out: 4.20 (6.10; FMA 5.52)
-    (8, 16384, 2048): ("mma", 2, 2, 4, False),  # MLP fc1: 18.15 (19.15; FMA 30.99)
-    (8, 2048, 8192): ("mma", 1, 4, 8, True),  # MLP fc2: 13.03 (13.62; FMA 14.03)
-    (8, 9232, 2048): ("mma", 1, 8, 8, True),  # the 9 heads: 11.05 (12.71; FMA 18.52)
+    (8, 8512, 2048): ("mma", 1, 8, 8, True, True),  # Mamba2 in_proj: 10.41 (11.55; FMA 17.40)
+    (8, 2048, 4096): ("mma", 2, 4, 4, True, True),  # Mamba2 out_proj: 8.24 (9.46; FMA 8.40)
+    (8, 3072, 2048): ("mma", 1, 8, 8, True, True),  # attention qkv: 4.92 (6.52; FMA 7.87)
+    (8, 2048, 2048): ("mma", 1, 8, 8, True, True),  # attention out: 4.20 (6.10; FMA 5.52)
+    (8, 16384, 2048): ("mma", 2, 2, 4, False, True),  # MLP fc1: 18.15 (19.15; FMA 30.99)
+    (8, 2048, 8192): ("mma", 1, 4, 8, True, True),  # MLP fc2: 13.03 (13.62; FMA 14.03)
+    (8, 9232, 2048): ("mma", 1, 8, 8, True, True),  # the 9 heads: 11.05 (12.71; FMA 18.52)
 }
 
 
@@ -249,8 +249,8 @@ def gemv_config(m: int, n: int, k: int) -> GemvConfig:
         return mma_config(m, n, k, ksteps=8, warps_k=8, half=True) if many else fma_config(m, n, k)
     kind, *tile = entry
     if kind == "mma":
-        tiles, ksteps, warps_k, half = tile
-        return mma_config(m, n, k, tiles=tiles, ksteps=ksteps, warps_k=warps_k, half=half)
+        tiles, ksteps, warps_k, half, split_k = tile
+        return mma_config(m, n, k, tiles=tiles, ksteps=ksteps, warps_k=warps_k, half=half, split_k=split_k)
     vecs, rows, stream_loads = tile
     return fma_config(m, n, k, vecs=vecs, rows=rows, stream_loads=stream_loads)
 
@@ -266,12 +266,21 @@ def fma_config(
 
 
 def mma_config(
-    m: int, n: int, k: int, tiles: int = 1, ksteps: int = 4, warps_k: int = 4, half: bool = False
+    m: int,
+    n: int,
+    k: int,
+    tiles: int = 1,
+    ksteps: int = 4,
+    warps_k: int = 4,
+    half: bool = False,
+    split_k: bool = True,
 ) -> MmaConfig:
     """The tensor-core kernel's split with ``tiles`` tiles of 16 (``half``: 8) rows and ``ksteps`` k-steps per warp,
-    up to ``warps_k`` warps along K."""
+    up to ``warps_k`` warps along K; ``split_k=False``: never split K across CTAs."""
     rows = (MMA_ROWS // 2 if half else MMA_ROWS) * tiles
     warps_k, warps_n, splits = _grid_shape(n, k, rows, MMA_LANES_K * ksteps, warps_k)
+    if not split_k:
+        splits = 1
     return MmaConfig(tiles=tiles, ksteps=ksteps, warps_k=warps_k, warps_n=warps_n, splits=splits, half=half)
 
 
@@ -325,8 +334,8 @@ def mma_candidates(m: int, n: int, k: int) -> list[MmaConfig]:
         (1, 4, 8, True),
         (1, 4, 16, True),
     ):
-        cfg = mma_config(m, n, k, tiles=tiles, ksteps=ksteps, warps_k=warps_k, half=half)
-        out += [cfg, replace(cfg, splits=1)]
+        for split_k in (True, False):
+            out.append(mma_config(m, n, k, tiles=tiles, ksteps=ksteps, warps_k=warps_k, half=half, split_k=split_k))
     return _valid(out, m, n, k)
 
 

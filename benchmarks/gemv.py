@@ -8,14 +8,13 @@ bandwidth measured in this run (a sum over 4 GiB). A time below what the bytes a
 stream). Each row also checks the result against float64, next to cuBLAS's own error.
 
 Tables, each printed when done: (1) every projection shape × M ∈ {1, 2, 4, 8}, tuned split; (2) M = 16, past
-the routing limit (MAX_ROWS); (3) every work split of ``candidate_configs`` (``--sweep fma``),
-``staged_candidates`` (``--sweep stages``: the FMA kernel with a cp.async ring) or ``mma_candidates``
-(``--sweep mma``) at the ``--sweep-m`` values, instead of (1) and (2),
+the routing limit (MAX_ROWS); (3) every work split of ``candidate_configs``
+(``--sweep fma``) or ``mma_candidates`` (``--sweep mma``) at the ``--sweep-m`` values, instead of (1) and (2),
 the best one per problem listed for the ``TUNED`` table;
 (4) the projections of one whole decode step (34 Mamba2 + 12 attention layers, M = 2, distinct weights)
 through cuBLAS and ours, against the read floor.
 
-    source .device/activate.sh && python3 benchmarks/gemv.py [--sweep fma|stages|mma] [--sweep-m 1,2,4]
+    source .device/activate.sh && python3 benchmarks/gemv.py [--sweep fma|mma] [--sweep-m 1,2,4]
 """
 
 from __future__ import annotations
@@ -33,14 +32,7 @@ import torch.nn.functional as F
 from gpu import environment, event_times, read_bandwidth_gbs, report
 
 from zonos_accel.gemv import gemv
-from zonos_accel.gemv.config import (
-    MmaConfig,
-    candidate_configs,
-    fma_config,
-    gemv_config,
-    mma_candidates,
-    staged_candidates,
-)
+from zonos_accel.gemv.config import MmaConfig, candidate_configs, fma_config, gemv_config, mma_candidates
 
 # Zonos-v0.1-hybrid projections (N, K) and how many a decode step runs.
 SHAPES = {
@@ -142,12 +134,8 @@ def measure(name: str, n: int, k: int, m: int, configs, bw: float) -> tuple[list
 
 def cfg_label(cfg) -> str:
     flags = [f"s{cfg.splits}"] if cfg.splits > 1 else []
-    if getattr(cfg, "stages", 0):
-        flags.append(f"ring{cfg.stages}")
-    else:
-        flags += [] if cfg.hoist_loads else ["interleaved"]
-        flags += ["nc"] if cfg.stream_loads else []
-    flags += ["pdl"] if cfg.pdl else []
+    flags += [] if cfg.hoist_loads else ["interleaved"]
+    flags += (["nc"] if cfg.stream_loads else []) + (["pdl"] if cfg.pdl else [])
     if isinstance(cfg, MmaConfig):
         tile = f"mma t{cfg.tiles}{'h' if cfg.half else ''} k{cfg.ksteps}"
     else:
@@ -230,10 +218,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument(
         "--sweep",
-        choices=["fma", "stages", "mma"],
-        help="instead of tables 1 and 2, time every split of one kernel (candidate_configs: FMA, staged_candidates: "
-        "FMA with a cp.async ring, mma_candidates: tensor cores) against the tuned default and list the best per "
-        "problem",
+        choices=["fma", "mma"],
+        help="instead of tables 1 and 2, time every split of one kernel (candidate_configs: FMA, mma_candidates: "
+        "tensor cores) against the tuned default and list the best per problem",
     )
     ap.add_argument(
         "--sweep-m",
@@ -269,8 +256,6 @@ def main() -> int:
         for name, (n, k) in SHAPES.items():
             if args.sweep == "mma":
                 configs = [gemv_config(m, n, k), *mma_candidates(m, n, k)]
-            elif args.sweep == "stages":
-                configs = [gemv_config(m, n, k), *staged_candidates(m, n, k)]
             else:
                 configs = candidate_configs(m, n, k)
             shape_rows, times = measure(name, n, k, m, configs, bw)

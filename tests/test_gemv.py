@@ -24,7 +24,6 @@ from zonos_accel.gemv.config import (
     gemv_config,
     mma_candidates,
     mma_config,
-    staged_candidates,
 )
 
 # Zonos-v0.1-hybrid (N, K): Mamba2 in/out, attention qkv/out, MLP fc1/fc2, the 9 heads fused (padded to 9232 rows).
@@ -149,8 +148,7 @@ def _split_cases():
     for n, k in ZONOS_SHAPES:
         for m in (1, 2, 4):
             yield m, n, k, gemv_config(m, n, k)
-            candidates = candidate_configs(m, n, k) + staged_candidates(m, n, k) + mma_candidates(m, n, k)
-            yield from ((m, n, k, cfg) for cfg in candidates)
+            yield from ((m, n, k, cfg) for cfg in candidate_configs(m, n, k) + mma_candidates(m, n, k))
     for n, k in RAGGED_SHAPES + [(3072, 2048)]:
         for m in (1, 2, 3, 8, 16):
             yield m, n, k, gemv_config(m, n, k)
@@ -241,12 +239,6 @@ def test_config_rejects_what_the_kernel_cannot_do():
         mma_config(8, 64, 2048).check(9, 64, 2048)
     with pytest.raises(ValueError, match="2048 threads per CTA exceed 1024"):
         mma_config(2, 64, 2048, ksteps=1, warps_k=64).check(2, 64, 2048)
-    with pytest.raises(ValueError, match="at least 2 stages"):
-        fma_config(2, 8512, 2048, stages=1).check(2, 8512, 2048)
-    with pytest.raises(ValueError, match="ragged vector"):
-        fma_config(2, 1000, 2056, vecs=1, rows=8, warps_k=1, stages=3).check(2, 1000, 2056)
-    with pytest.raises(ValueError, match="bytes of stages exceed"):
-        fma_config(2, 8512, 2048, vecs=2, rows=8, warps_k=1, stages=8).check(2, 8512, 2048)
 
 
 def _hopper_ptx(m, n, k, cfg, tmp_path) -> str:
@@ -307,26 +299,3 @@ def test_tensor_core_kernel_compiles_for_hopper(m, n, k, half, tmp_path):
     loads = "ld.global.nc.L1::no_allocate.L2::256B.v4.b32"
     assert ptx.count(loads) == steps * cfg.tiles * cfg.halves
     assert ptx.split("griddepcontrol.wait")[0].count(loads) == cfg.ksteps * cfg.tiles * cfg.halves
-
-
-@pytest.mark.parametrize(
-    "m,n,k,index", [(2, 8512, 2048, 1), (4, 2048, 8192, 0), (1, 2048, 2048, 5), (3, 1000, 2048, 3)]
-)
-def test_staged_kernel_compiles_for_hopper(m, n, k, index, tmp_path):
-    """The cp.async ring: one 16-byte cp.async per weight vector, stages - 1 iterations issued before the wait for
-    the previous kernel, one commit per iteration (plus the prologue's) and a shared-memory read per vector."""
-    if torch.cuda.is_available():
-        pytest.skip("the GPU tests compile and run the kernel")
-    pytest.importorskip("cutlass")
-    cfg = staged_candidates(m, n, k)[index]
-    assert cfg.stages >= 2
-    ptx = _hopper_ptx(m, n, k, cfg, tmp_path)
-    per_iter = cfg.vecs * cfg.rows
-    iters = cfg.iters(k)
-    assert ptx.count("cp.async.cg.shared.global") == iters * per_iter
-    assert "ld.global.v4" not in ptx.split("griddepcontrol.wait")[0]  # weights only through the ring
-    ahead = min(cfg.stages - 1, iters)
-    assert ptx.split("griddepcontrol.wait")[0].count("cp.async.cg.shared.global") == min(ahead + 1, iters) * per_iter
-    assert ptx.count("cp.async.commit_group") == ahead + iters
-    assert ptx.count("cp.async.wait_group") == iters
-    assert ptx.count("ld.shared.v4") == iters * per_iter

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 import zonos.ops
-from zonos_accel.gemv.config import candidate_configs, mma_candidates, mma_config, staged_candidates
+from zonos_accel.gemv.config import candidate_configs, mma_candidates, mma_config
 
 HAVE_CUTLASS = importlib.util.find_spec("cutlass") is not None
 
@@ -92,16 +92,6 @@ def test_tensor_core_split(n, k, m):
 def test_every_benchmarked_tensor_core_split(n, k, m):
     for config in mma_candidates(m, n, k):
         _check(m, n, k, config=config)
-
-
-@pytest.mark.parametrize("m", [1, 2, 3, 4, 8])
-@pytest.mark.parametrize("n,k", ZONOS_SHAPES + [(1000, 2048), (100, 8192)])
-@gpu
-def test_every_staged_split(n, k, m):
-    """The cp.async ring (FmaConfig.stages) at every candidate, N off the row blocks and split-K included."""
-    for config in staged_candidates(m, n, k):
-        _check(m, n, k, config=config)
-    _check(m, n, k, dtype=torch.float16, config=staged_candidates(m, n, k)[0])
 
 
 @pytest.mark.parametrize("n,k", [(3072, 2048), (1000, 2056)])

@@ -11,7 +11,6 @@ VEC = 8  # 16-bit elements per 128-bit load
 WARP = 32
 NUM_SMS = 132  # H200 SXM
 
-MAX_SMEM = 200 * 1024  # shared memory a CTA may take for the cp.async ring (the H200 allows 227 KB)
 MMA_ROWS = 16  # weight rows per mma.m16n8k16 (its M)
 MMA_COLS = 8  # x rows per mma (its N)
 MMA_LANES_K = 4  # lanes side by side along K in the fragment: a k-step is 4 vectors = 32 elements (twice its K)
@@ -89,11 +88,6 @@ class FmaConfig(_Grid):
       waits for the previous grid (``griddepcontrol.wait``) before reading x or writing anything, and lets
       the next kernel launch once all its CTAs have issued their loads. Hides the launch gap and tail
       between consecutive kernels, inside CUDA graphs too.
-    - ``stages`` (0: off): weight loads as ``cp.async`` into a ring of ``stages`` iterations in shared memory,
-      ``stages - 1`` iterations ahead of the FMAs. Loads in flight then hold shared memory instead of
-      registers, so a warp can walk a long row (``warps_k = 1``) with several iterations' bytes in flight.
-      Each lane reads back only the vectors it copied, so no barrier is needed. Needs every vector inside K
-      (``k_exact``); ``hoist_loads`` and ``stream_loads`` do not apply.
     """
 
     vecs: int
@@ -109,16 +103,10 @@ class FmaConfig(_Grid):
     # On by default: the whole-step projections at M = 2 take 0.899 ms with it against 1.045 ms without
     # (cuBLAS 1.245 ms); H200, benchmarks/gemv.py, 2026-11-30.
     pdl: bool = True
-    stages: int = 0
 
     @property
     def chunk_vecs(self) -> int:
         return WARP * self.vecs
-
-    @property
-    def stage_bytes(self) -> int:
-        """Shared memory of one iteration's weight vectors in the ``stages`` ring."""
-        return self.threads * self.rows * self.vecs * 16
 
     def kvec(self, it, split, warp_k, lane, v):
         """The 128-bit vector (index along K / 8) a lane loads for iteration ``it`` and vector ``v``."""
@@ -131,13 +119,6 @@ class FmaConfig(_Grid):
             raise ValueError(
                 f"{self}: {m * self.rows * self.warps_n} partial sums (M * rows * warps_n) exceed the threads"
             )
-        if self.stages:
-            if self.stages < 2:
-                raise ValueError(f"{self}: a cp.async ring needs at least 2 stages (0 turns it off)")
-            if not self.k_exact(k):
-                raise ValueError(f"{self}: cp.async stages need K = {k} covered without a ragged vector")
-            if self.stages * self.stage_bytes > MAX_SMEM:
-                raise ValueError(f"{self}: {self.stages * self.stage_bytes} bytes of stages exceed {MAX_SMEM}")
 
 
 @dataclass(frozen=True)
@@ -275,29 +256,13 @@ def gemv_config(m: int, n: int, k: int) -> GemvConfig:
 
 
 def fma_config(
-    m: int,
-    n: int,
-    k: int,
-    vecs: int | None = None,
-    rows: int | None = None,
-    stream_loads: bool = True,
-    warps_k: int = MAX_WARPS_K,
-    stages: int = 0,
+    m: int, n: int, k: int, vecs: int | None = None, rows: int | None = None, stream_loads: bool = True
 ) -> FmaConfig:
-    """The FMA kernel's split with ``vecs`` × ``rows`` weight vectors per lane (default: :data:`LANE_TILES`), up to
-    ``warps_k`` warps along K, and a ``stages`` cp.async ring (0: loads straight to registers)."""
+    """The FMA kernel's split with ``vecs`` × ``rows`` weight vectors per lane (default: :data:`LANE_TILES`)."""
     tile = lane_tile(m)
     vecs, rows = vecs or tile[0], rows or tile[1]
-    warps_k, warps_n, splits = _grid_shape(n, k, rows, WARP * vecs, warps_k)
-    return FmaConfig(
-        vecs=vecs,
-        rows=rows,
-        warps_k=warps_k,
-        warps_n=warps_n,
-        splits=splits,
-        stream_loads=stream_loads,
-        stages=stages,
-    )
+    warps_k, warps_n, splits = _grid_shape(n, k, rows, WARP * vecs, MAX_WARPS_K)
+    return FmaConfig(vecs=vecs, rows=rows, warps_k=warps_k, warps_n=warps_n, splits=splits, stream_loads=stream_loads)
 
 
 def mma_config(
@@ -350,30 +315,6 @@ def candidate_configs(m: int, n: int, k: int) -> list[GemvConfig]:
         out.append(replace(base, splits=2))
     out.append(replace(base, pdl=False))
     return _valid([gemv_config(m, n, k), *out], m, n, k)
-
-
-def staged_candidates(m: int, n: int, k: int) -> list[FmaConfig]:
-    """FMA splits with a cp.async ring that ``benchmarks/gemv.py --sweep stages`` times: one warp per row
-    walking all of K (``warps_k = 1``, the ring's depth matters most there) or up to 4 warps along K, 8 or 16
-    weight vectors per lane, 2 to 6 stages."""
-    out = []
-    for vecs, rows, warps_k, stages in (
-        (1, 8, 1, 3),
-        (1, 8, 1, 4),
-        (1, 8, 1, 6),
-        (2, 4, 1, 4),
-        (1, 4, 1, 6),
-        (1, 8, 4, 2),
-        (2, 4, 4, 2),
-        (1, 8, 2, 3),
-        (2, 8, 1, 3),
-    ):
-        cfg = fma_config(m, n, k, vecs=vecs, rows=rows, warps_k=warps_k, stages=stages)
-        per_warp = cdiv(cdiv(k // VEC, cfg.chunk_vecs), cfg.warps_k)
-        while per_warp % cfg.splits:  # the ring needs every split to walk whole chunks (k_exact)
-            cfg = replace(cfg, splits=cfg.splits - 1)
-        out.append(cfg)
-    return _valid(out, m, n, k)
 
 
 def mma_candidates(m: int, n: int, k: int) -> list[MmaConfig]:

@@ -138,20 +138,6 @@ class FmaGemv:
         row0 = cfg.first_row(bid_n, wn)
 
         copy_atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=128)
-        smem = cutlass.utils.SmemAllocator()
-        P = cfg.stages
-        if const_expr(P):
-            # The cp.async ring: this lane's weight vectors of iteration `it` go to slot it % P; the prologue
-            # fills P - 1 slots before the previous kernel is waited for (weights never change in a step).
-            ring = self._stage_ring(smem)
-            g2s = cute.make_copy_atom(
-                cute.nvgpu.cpasync.CopyG2SOp(cache_mode=cute.nvgpu.cpasync.LoadCacheMode.GLOBAL),
-                self.dtype,
-                num_bits_per_copy=128,
-            )
-            for it in cutlass.range_constexpr(min(P - 1, self.iters)):
-                self._copy_stage(g2s, gW, ring, tidx, row0, bid_s, wk, lane, it)
-                cute.arch.cp_async_commit_group()
         acc = cute.make_rmem_tensor((M, R), Float32)
         acc.fill(0.0)
         for it in cutlass.range_constexpr(self.iters):
@@ -161,29 +147,18 @@ class FmaGemv:
             if const_expr(not self.k_exact):
                 xv.fill(0.0)
                 wv.fill(0.0)
-            if const_expr(P):
-                # Refill the slot that iteration it - 1 read (this lane's own vectors, already used), then wait
-                # until at most P - 1 groups are pending: iteration it's group has landed.
-                if const_expr(it + P - 1 < self.iters):
-                    self._copy_stage(g2s, gW, ring, tidx, row0, bid_s, wk, lane, it + P - 1)
-                cute.arch.cp_async_commit_group()
-                cute.arch.cp_async_wait_group(P - 1)
-                for v in cutlass.range_constexpr(V):
-                    for r in cutlass.range_constexpr(R):
-                        cute.copy(copy_atom, ring[None, tidx, r, v, it % P], wv[None, v, r])
-            else:
-                for v in cutlass.range_constexpr(V):
-                    kv = cfg.kvec(it, bid_s, wk, lane, v)
-                    if const_expr(self.k_exact):
+            for v in cutlass.range_constexpr(V):
+                kv = cfg.kvec(it, bid_s, wk, lane, v)
+                if const_expr(self.k_exact):
+                    self._load_weights(copy_atom, gW, wv, row0, kv, v)
+                else:
+                    if kv < self.kvecs:
                         self._load_weights(copy_atom, gW, wv, row0, kv, v)
-                    else:
-                        if kv < self.kvecs:
-                            self._load_weights(copy_atom, gW, wv, row0, kv, v)
             # No load crosses either of these, so all of the iteration's weight loads are in flight before the
             # first FMA (cfg.hoist_loads).
             if const_expr(cfg.pdl and it == 0):
                 cute.arch.griddepcontrol_wait()  # x is the previous kernel's output: wait for it to finish
-            elif const_expr(cfg.hoist_loads and not P):
+            elif const_expr(cfg.hoist_loads):
                 cute.arch.barrier()
             for v in cutlass.range_constexpr(V):
                 kv = cfg.kvec(it, bid_s, wk, lane, v)
@@ -221,7 +196,7 @@ class FmaGemv:
                     for r in cutlass.range_constexpr(R):
                         self._store(mOut, bid_s, mi, row0 + r, acc[mi, r])
         else:
-            sRed = self._warp_sums(smem)
+            sRed = self._warp_sums(cutlass.utils.SmemAllocator())
             if lane == 0:
                 for mi in cutlass.range_constexpr(M):
                     for r in cutlass.range_constexpr(R):
@@ -266,36 +241,6 @@ class FmaGemv:
                 for w in cutlass.range_constexpr(1, cfg.warps_k):
                     total = total + sRed[item, w, grp]
                 self._store(mOut, bid_s, item // cfg.rows, cfg.first_row(bid_n, grp) + item % cfg.rows, total)
-
-    def _stage_ring(self, smem: cutlass.utils.SmemAllocator) -> cute.Tensor:
-        """Shared memory for the cp.async ring: [element, thread, row, vector, slot], a thread's 16-byte vectors
-        side by side with its neighbours' (a warp's accesses are 512 contiguous bytes: no bank conflicts)."""
-        cfg = self.cfg
-        T, R, V = cfg.threads, cfg.rows, cfg.vecs
-        layout = cute.make_layout((VEC, T, R, V, cfg.stages), stride=(1, VEC, VEC * T, VEC * T * R, VEC * T * R * V))
-        return smem.allocate_tensor(self.dtype, layout, 16)
-
-    @cute.jit
-    def _copy_stage(
-        self,
-        g2s: cute.CopyAtom,
-        gW: cute.Tensor,
-        ring: cute.Tensor,
-        tidx: Int32,
-        row0: Int32,
-        bid_s: Int32,
-        wk: Int32,
-        lane: Int32,
-        it: cutlass.Constexpr[int],
-    ):
-        """Start the cp.async copies of this lane's weight vectors of iteration ``it`` into slot ``it % stages``."""
-        cfg = self.cfg
-        for v in cutlass.range_constexpr(cfg.vecs):
-            kv = cfg.kvec(it, bid_s, wk, lane, v)
-            for r in cutlass.range_constexpr(cfg.rows):
-                src = gW[None, (self._load_row(row0 + r), kv)]
-                src = cute.make_tensor(src.iterator, cute.make_layout(VEC))
-                cute.copy(g2s, src, ring[None, tidx, r, v, it % cfg.stages])
 
     @cute.jit
     def _load_weights(

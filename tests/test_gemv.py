@@ -229,6 +229,15 @@ def test_default_split_fills_the_gpu():
     assert gemv_config(1, 24, 16384).splits > 1
 
 
+def test_tensor_core_split_k_can_be_turned_off():
+    """``split_k=False`` keeps the whole of K in one CTA per row block, as TUNED pins for out_proj and fc2 at M = 4."""
+    split = mma_config(4, 2048, 4096, ksteps=4, warps_k=16, half=True)
+    unsplit = mma_config(4, 2048, 4096, ksteps=4, warps_k=16, half=True, split_k=False)
+    assert split.splits > 1 and unsplit.splits == 1
+    assert (unsplit.warps_k, unsplit.warps_n) == (split.warps_k, split.warps_n)
+    assert gemv_config(4, 2048, 4096) == unsplit and gemv_config(4, 2048, 8192).splits == 1
+
+
 def test_config_rejects_what_the_kernel_cannot_do():
     with pytest.raises(ValueError, match="multiple of 8"):
         gemv_config(2, 64, 12).check(2, 64, 12)

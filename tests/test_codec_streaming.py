@@ -402,6 +402,43 @@ def test_graph_replays_equal_eager_pushes(codec, monkeypatch, name):
     assert eager.graph_captures == eager.graph_replays == 0
 
 
+def test_weights_changed_in_place_drop_the_graphs(monkeypatch):
+    """Graphs are captured again after the weights change in place: a replay runs no Python, so data an op derives
+    from the weights and caches (the Triton convs pack them) would be stale.  The next stream equals a fresh
+    eager decoder's on the new weights."""
+    emulate_cuda_graphs(monkeypatch)
+    config = DACConfig(**TINY)
+    codec = DACAutoencoder(config, random_dac_weights(config, seed=3))
+    graphed = StreamingDACDecoder(codec)
+    schedule = [11, 2, 2, 2]
+    for seed in range(2):
+        stream(graphed, random_codes(1, sum(schedule), seed=90 + seed), schedule)
+    captures = graphed.graph_captures
+    assert captures > 0
+    with torch.no_grad():
+        codec.dac.decoder.block[0].res_unit1.conv1.weight.mul_(1.5)
+    codes = random_codes(1, sum(schedule), seed=95)
+    eager = StreamingDACDecoder(codec, cuda_graphs=False)
+    assert torch.equal(stream(graphed, codes, schedule), stream(eager, codes, schedule))
+    assert graphed.graph_captures == 2 * captures
+
+
+def test_inference_mode_weights_stream(monkeypatch):
+    """A codec built under ``torch.inference_mode`` has inference-tensor weights, which keep no version count:
+    the graph bookkeeping takes them (a GPU run once failed here) and the stream equals the eager one."""
+    emulate_cuda_graphs(monkeypatch)
+    config = DACConfig(**TINY)
+    with torch.inference_mode():
+        codec = DACAutoencoder(config, random_dac_weights(config, seed=4))
+    assert next(codec.dac.parameters()).is_inference()
+    schedule = [11, 3, 3]
+    codes = random_codes(1, sum(schedule), seed=97)
+    graphed, eager = StreamingDACDecoder(codec), StreamingDACDecoder(codec, cuda_graphs=False)
+    for _ in range(3):
+        assert torch.equal(stream(graphed, codes, schedule), stream(eager, codes, schedule))
+    assert graphed.graph_replays > 0
+
+
 def test_cached_state_key_follows_the_state(codec, monkeypatch):
     """The state's part of the graph key is cached between pushes (dropped by eager pushes and resets, taken
     from the capture after a replay): after every push of every stream it equals the key computed afresh."""

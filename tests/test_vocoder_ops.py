@@ -274,6 +274,73 @@ def test_split_reduction_equals_one_program_bit_for_bit(target, dtype, monkeypat
         assert not counts.any()
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_dense_operands_equal_the_gather_bit_for_bit(target, dtype, monkeypatch):
+    """Short calls (streaming pushes) unfold their input and read packed weights; long ones (and kernel-1 convs)
+    gather both in the kernel.  The two load the same numbers into the same products: the same samples, bit for
+    bit, for convs (padding, dilation, ragged channels, a residual from a [history | new] pair, Snake, split or
+    not) and transposed convs (ragged crops of a stream window, split or not)."""
+    fast, device = target
+    _interpreter_limits(device, dtype)
+    x, _, w, b = _conv_inputs(37, 19, 7, 41, 0, device, dtype, seed=51)
+    xs, _, ws, bs = _conv_inputs(300, 40, 7, 23, 0, device, dtype, seed=52)
+    res_h = _randn(2, 40, 5, device=device, dtype=dtype, seed=53)
+    res_x = _randn(2, 40, 9, device=device, dtype=dtype, seed=54)
+    alpha = (torch.rand(40, generator=torch.Generator().manual_seed(55)) + 0.5).to(device)
+    xt, _, wt, bt = _conv_inputs(40, 24, 16, 6, 0, device, dtype, seed=56)
+    xu, _, wu, bu = _conv_inputs(600, 24, 16, 3, 0, device, dtype, seed=57)
+    wt, wu = wt.reshape(40, 24, 16), wu.reshape(600, 24, 16)
+    calls = [
+        lambda: fast.conv1d(x, w, b, dilation=3, padding=9, dtype=dtype),
+        lambda: fast.conv1d(xs, ws, bs, dilation=2, dtype=dtype),
+        lambda: fast.conv1d(
+            xs, ws, bs, dilation=2, residual=res_x, residual_history=res_h, residual_offset=3, dtype=dtype
+        ),  # fmt: skip
+        lambda: fast.conv1d(xs[:, :, :7], ws[:, :, :1], bs, residual=res_x[..., :7], dtype=dtype),  # gathers
+        lambda: fast.conv1d(xs, ws, bs, dilation=2, alpha=alpha, dtype=dtype),
+        lambda: fast.conv_transpose1d(xt, wt, bt, stride=8, start=4, length=37, dtype=dtype),
+        lambda: fast.conv_transpose1d(xt[:, :, 1:], wt, bt, stride=8, start=11, dtype=dtype),
+        lambda: fast.conv_transpose1d(xu, wu, bu, stride=8, start=4, dtype=dtype),
+    ]
+    unfolds = []
+    unfold = fast._unfold
+    monkeypatch.setattr(fast, "_unfold", lambda *a: unfolds.append(a) or unfold(*a))
+    outs = {}
+    for split in (True, False):
+        monkeypatch.setattr(fast, "_split", lambda n_groups, tiles, device, split=split: split and n_groups > 1)
+        for dense_bytes in (0, fast.DENSE_BYTES):
+            monkeypatch.setattr(fast, "DENSE_BYTES", dense_bytes)
+            for i, call in enumerate(calls):
+                _poison(device)
+                outs[split, dense_bytes > 0, i] = call()
+    assert len(unfolds) == 2 * (len(calls) - 1)  # every short call unfolded but the kernel-1 one, no long call
+    for (split, dense, i), y in outs.items():
+        assert not y.isnan().any()
+        if dense:
+            assert torch.equal(y, outs[split, False, i]), (split, i)
+
+
+def test_packed_weights_follow_in_place_changes(target):
+    """The packed copy of a weight is kept between calls and packed again, at the same address (what CUDA graphs
+    read), when the weight changes in place."""
+    fast, device = target
+    x, _, w, b = _conv_inputs(24, 16, 7, 20, 0, device, torch.float32, seed=61)
+    wt = _randn(24, 16, 16, device=device, dtype=torch.float32, seed=62)
+    before = fast.conv1d(x, w, b, dilation=2), fast.conv_transpose1d(x, wt, b, stride=8)
+    packs = {key: entry[0].data_ptr() for key, entry in fast._packs.items() if key[0] in (id(w), id(wt))}
+    assert len(packs) == 2
+    with torch.no_grad():
+        w.mul_(-2.0)
+        wt.add_(1.0)
+    after = fast.conv1d(x, w, b, dilation=2), fast.conv_transpose1d(x, wt, b, stride=8)
+    fresh = fast.conv1d(x, w.clone(), b, dilation=2), fast.conv_transpose1d(x, wt.clone(), b, stride=8)
+    for a, f, old in zip(after, fresh, before):
+        assert torch.equal(a, f) and not torch.equal(a, old)
+    assert packs == {key: entry[0].data_ptr() for key, entry in fast._packs.items() if key in packs}
+    del w, wt, before, after, fresh
+    assert not packs.keys() & fast._packs.keys()  # the entries went with their weights
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
 def test_sequence_tail_in_place_and_growing(target, dtype):
     fast, device = target

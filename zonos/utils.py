@@ -1,4 +1,4 @@
-"""Device defaults (also upstream's import path: ``from zonos.utils import DEFAULT_DEVICE``)."""
+"""Device defaults (also upstream's import path: ``from zonos.utils import DEFAULT_DEVICE``) and tensor helpers."""
 
 import torch
 
@@ -11,6 +11,12 @@ def default_device() -> torch.device:
 def default_dtype(device: torch.device) -> torch.dtype:
     """bf16 on accelerators (what the checkpoints were trained and upstream runs in), fp32 on CPU."""
     return torch.float32 if device.type == "cpu" else torch.bfloat16
+
+
+def tensor_version(t: torch.Tensor) -> int:
+    """How many times ``t`` was changed in place (``t._version``); 0 for an inference tensor, which keeps no count
+    (it can change only inside ``torch.inference_mode``, and such a change goes unseen by caches keyed on this)."""
+    return 0 if t.is_inference() else t._version
 
 
 DEFAULT_DEVICE = default_device()

@@ -65,6 +65,7 @@ from torch import Tensor, nn
 from zonos import ops
 from zonos.codec.autoencoder import DACAutoencoder, check_code_range, decode_precision, validate_codes
 from zonos.codec.dac import DAC, DACConfig, ResidualUnit, Snake1d, conv_dtype
+from zonos.utils import tensor_version
 
 __all__ = ["StreamingDACDecoder", "ReceptiveField", "receptive_field"]
 
@@ -82,7 +83,7 @@ class _Params:
     casts only of parameters that require grad): for a push of a few frames that re-reads the whole
     decoder's weights (~55 M, 218 MB in fp32) and launches a cast per tensor.  While autocast is on,
     the stages get instead copies cast once per stream by :meth:`refresh` (in place when the weights
-    kept their storage, so CUDA graphs stay valid).  Autocast casts with the same ``.to(dtype)``, so
+    kept their storage).  Autocast casts with the same ``.to(dtype)``, so
     the results are bit for bit those of casting in every call.
     """
 
@@ -108,9 +109,9 @@ class _Params:
             copy, ptr, version = self._copies.get(p, (None, 0, 0))
             if copy is None or copy.shape != p.shape or copy.device != p.device or copy.dtype != self.dtype:
                 copy = p.to(self.dtype)
-            elif (ptr, version) != (p.data_ptr(), p._version):
-                copy.copy_(p)  # new weights: same address, so captured graphs see them
-            self._copies[p] = (copy, p.data_ptr(), p._version)
+            elif (ptr, version) != (p.data_ptr(), tensor_version(p)):
+                copy.copy_(p)  # new values: the decoder drops its graphs (the copy's version changed)
+            self._copies[p] = (copy, p.data_ptr(), tensor_version(p))
 
 
 class _Stage:
@@ -480,7 +481,7 @@ class StreamingDACDecoder:
     the third on it is replayed: the codes copied in, one graph launch, the audio copied out.  The
     graphs run the eager push's kernels on the same data, so they return the same samples.
     :meth:`reset` keeps them (and the state buffers they address), so later streams of the same
-    schedule replay every push; they are dropped when the codec's weights move to new storage.  The
+    schedule replay every push; they are dropped when the codec's weights change or move.  The
     stages, run eagerly on the CPU and for the first occurrences, are the reference.
     """
 
@@ -500,7 +501,7 @@ class StreamingDACDecoder:
         self._graphs: dict[tuple, _Captured] = {}
         self._seen: dict[tuple, int] = {}  # eager runs of each key
         self._uncapturable: set[tuple] = set()
-        self._graph_weights: tuple[int, ...] = ()  # the weights' addresses when the graphs were captured
+        self._graph_weights: tuple = ()  # the weights' (address, version) when the graphs were captured
         self._pool = None  # the graphs' private memory pool
         self._side: torch.cuda.Stream | None = None  # captures when the caller is on the default stream
         self._stream: torch.cuda.Stream | None = None  # where the state was last touched
@@ -593,8 +594,10 @@ class StreamingDACDecoder:
         self._params.refresh(self._conv_params, torch.get_autocast_dtype(device.type) if autocast else None)
         if static:
             params = [*self.dac.decoder.parameters(), *self.dac.quantizer.parameters()]
-            weights = tuple(p.data_ptr() for p in params + list(map(self._params, self._conv_params)))
-            if weights != self._graph_weights:  # moved or re-cast: the graphs would read freed memory
+            # Moved or re-cast, the graphs would read freed memory; changed in place, data derived from the weights
+            # by the ops (the Triton convs' packed copies) would be stale in replays.
+            weights = tuple((p.data_ptr(), tensor_version(p)) for p in [*params, *map(self._params, self._conv_params)])
+            if weights != self._graph_weights:
                 self._graphs.clear()
                 self._graph_weights = weights
 

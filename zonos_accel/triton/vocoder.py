@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import functools
 import math
+import weakref
+from collections.abc import Callable
 
 import torch
 import triton
@@ -31,6 +33,7 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from zonos.ops import vocoder as reference
+from zonos.utils import tensor_version
 from zonos_accel.triton.snake import snake_fp32
 
 _TL_DTYPES = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
@@ -59,10 +62,21 @@ def _load_input(x_ptr, T_x, b, ci, ok, pos, s_xb, s_xc, s_xt, COMPUTE: tl.conste
 
 
 @triton.jit
-def _slice(x_ptr, w_ptr, T_x, ci_end, b, ci, tap, pos, co, co_ok, s_xb, s_xc, s_xt, s_wo, s_wi, s_wk, K, COMPUTE):
+def _slice(
+    x_ptr, w_ptr, T_x, ci_end, b, ci, tap, row, pos, co, co_ok, s_xb, s_xc, s_xt, s_wo, s_wi, s_wk, K, KP, COMPUTE,
+    DENSE: tl.constexpr,
+):  # fmt: skip
     """(weights, inputs) of one reduction slice: input channels ``ci`` (below ``ci_end``) at taps ``tap`` and
-    samples ``pos``."""
+    samples ``pos``.  ``DENSE``: the weights are packed ``[C_out, C_in KP]`` (zero taps) and the inputs are the
+    unfolded ``[C_in KP, T_x]`` rows (``row = ci KP + tap``), so both load as contiguous rows."""
     ok = (ci < ci_end) & (tap < K)
+    if DENSE:
+        in_rows = row < ci_end * KP
+        v = tl.load(
+            x_ptr + b * s_xb + row[:, None].to(tl.int64) * s_xc + pos, mask=in_rows[:, None] & (pos < T_x), other=0.0
+        ).to(COMPUTE)
+        w = tl.load(w_ptr + co[:, None] * s_wo + row[None, :], mask=co_ok[:, None] & in_rows[None, :], other=0.0)
+        return w.to(COMPUTE), v
     v = _load_input(x_ptr, T_x, b, ci[:, None], ok[:, None], pos, s_xb, s_xc, s_xt, COMPUTE)
     w = tl.load(
         w_ptr + co[:, None] * s_wo + ci[None, :] * s_wi + tap[None, :] * s_wk,
@@ -74,20 +88,22 @@ def _slice(x_ptr, w_ptr, T_x, ci_end, b, ci, tap, pos, co, co_ok, s_xb, s_xc, s_
 
 @triton.jit
 def _reduce(
-    x_ptr, w_ptr, T_x, ci_first, ci_end, b, ci, tap, pos, co, co_ok, s_xb, s_xc, s_xt, s_wo, s_wi, s_wk,
-    K: tl.constexpr, BLOCK_CO: tl.constexpr, BLOCK_CI: tl.constexpr, BLOCK_T: tl.constexpr,
-    COMPUTE: tl.constexpr, PRECISION: tl.constexpr,
+    x_ptr, w_ptr, T_x, ci_first, ci_end, b, ci, tap, r, pos, co, co_ok, s_xb, s_xc, s_xt, s_wo, s_wi, s_wk,
+    K: tl.constexpr, KP: tl.constexpr, BLOCK_CO: tl.constexpr, BLOCK_CI: tl.constexpr, BLOCK_T: tl.constexpr,
+    COMPUTE: tl.constexpr, PRECISION: tl.constexpr, DENSE: tl.constexpr,
 ):  # fmt: skip
     """The sum over input channels ``ci_first .. ci_end - 1`` from zero, in slices of ``BLOCK_CI`` channels in
     channel order; each slice is loaded one iteration ahead of its dot, so the loads overlap the previous one."""
     acc = tl.zeros((BLOCK_CO, BLOCK_T), dtype=tl.float32)
     w, v = _slice(
-        x_ptr, w_ptr, T_x, ci_end, b, ci_first + ci, tap, pos, co, co_ok, s_xb, s_xc, s_xt, s_wo, s_wi, s_wk, K, COMPUTE
-    )
+        x_ptr, w_ptr, T_x, ci_end, b, ci_first + ci, tap, ci_first * KP + r, pos, co, co_ok,
+        s_xb, s_xc, s_xt, s_wo, s_wi, s_wk, K, KP, COMPUTE, DENSE,
+    )  # fmt: skip
     for ci0 in range(ci_first + BLOCK_CI, ci_end + BLOCK_CI, BLOCK_CI):
         w_next, v_next = _slice(
-            x_ptr, w_ptr, T_x, ci_end, b, ci0 + ci, tap, pos, co, co_ok, s_xb, s_xc, s_xt, s_wo, s_wi, s_wk, K, COMPUTE
-        )
+            x_ptr, w_ptr, T_x, ci_end, b, ci0 + ci, tap, ci0 * KP + r, pos, co, co_ok,
+            s_xb, s_xc, s_xt, s_wo, s_wi, s_wk, K, KP, COMPUTE, DENSE,
+        )  # fmt: skip
         acc = tl.dot(w, v, acc, input_precision=PRECISION)
         w, v = w_next, v_next
     return acc
@@ -95,10 +111,10 @@ def _reduce(
 
 @triton.jit
 def _sum(
-    x_ptr, w_ptr, part_ptr, count_ptr, tile, group, n_groups, T_x, C_in, b, ci, tap, pos, co, co_ok,
+    x_ptr, w_ptr, part_ptr, count_ptr, tile, group, n_groups, T_x, C_in, b, ci, tap, r, pos, co, co_ok,
     s_xb, s_xc, s_xt, s_wo, s_wi, s_wk,
-    K: tl.constexpr, BLOCK_CO: tl.constexpr, BLOCK_CI: tl.constexpr, BLOCK_T: tl.constexpr, GROUP: tl.constexpr,
-    SPLIT: tl.constexpr, COMPUTE: tl.constexpr, PRECISION: tl.constexpr,
+    K: tl.constexpr, KP: tl.constexpr, BLOCK_CO: tl.constexpr, BLOCK_CI: tl.constexpr, BLOCK_T: tl.constexpr,
+    GROUP: tl.constexpr, SPLIT: tl.constexpr, COMPUTE: tl.constexpr, PRECISION: tl.constexpr, DENSE: tl.constexpr,
 ):  # fmt: skip
     """(sum, whether this program stores it): the groups' sums (each of ``GROUP`` slices, from zero)
     added in group order.  With ``SPLIT`` this program sums group ``group`` of the ``tile`` and publishes it;
@@ -108,8 +124,8 @@ def _sum(
     if SPLIT:
         first = group * group_ci
         part = _reduce(
-            x_ptr, w_ptr, T_x, first, tl.minimum(first + group_ci, C_in), b, ci, tap, pos, co, co_ok,
-            s_xb, s_xc, s_xt, s_wo, s_wi, s_wk, K, BLOCK_CO, BLOCK_CI, BLOCK_T, COMPUTE, PRECISION,
+            x_ptr, w_ptr, T_x, first, tl.minimum(first + group_ci, C_in), b, ci, tap, r, pos, co, co_ok,
+            s_xb, s_xc, s_xt, s_wo, s_wi, s_wk, K, KP, BLOCK_CO, BLOCK_CI, BLOCK_T, COMPUTE, PRECISION, DENSE,
         )  # fmt: skip
         cell = tl.arange(0, BLOCK_CO)[:, None] * BLOCK_T + tl.arange(0, BLOCK_T)[None, :]
         parts = part_ptr + tile.to(tl.int64) * n_groups * BLOCK_CO * BLOCK_T
@@ -128,8 +144,8 @@ def _sum(
         last = True
         for first in range(0, C_in, group_ci):
             total += _reduce(
-                x_ptr, w_ptr, T_x, first, tl.minimum(first + group_ci, C_in), b, ci, tap, pos, co, co_ok,
-                s_xb, s_xc, s_xt, s_wo, s_wi, s_wk, K, BLOCK_CO, BLOCK_CI, BLOCK_T, COMPUTE, PRECISION,
+                x_ptr, w_ptr, T_x, first, tl.minimum(first + group_ci, C_in), b, ci, tap, r, pos, co, co_ok,
+                s_xb, s_xc, s_xt, s_wo, s_wi, s_wk, K, KP, BLOCK_CO, BLOCK_CI, BLOCK_T, COMPUTE, PRECISION, DENSE,
             )  # fmt: skip
     return total, last
 
@@ -164,7 +180,7 @@ def _conv_kernel(
     s_rb, s_rc, s_rt, s_rhb, s_rhc, s_rht, s_ob, s_oc, s_ot,
     K: tl.constexpr, KP: tl.constexpr, BLOCK_CO: tl.constexpr, BLOCK_CI: tl.constexpr, BLOCK_T: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, TANH: tl.constexpr, SNAKE: tl.constexpr, GROUP: tl.constexpr,
-    SPLIT: tl.constexpr, COMPUTE: tl.constexpr, PRECISION: tl.constexpr,
+    SPLIT: tl.constexpr, COMPUTE: tl.constexpr, PRECISION: tl.constexpr, DENSE: tl.constexpr,
 ):  # fmt: skip
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     co = tl.program_id(1) * BLOCK_CO + tl.arange(0, BLOCK_CO)
@@ -172,10 +188,14 @@ def _conv_kernel(
     co_ok = co < C_out
     r = tl.arange(0, BLOCK_CI * KP)  # reduction index: input channel r // KP, tap r % KP
     tap = r % KP
-    pos = t[None, :] + (tap * dilation + offset)[:, None]
+    if DENSE:
+        pos = t[None, :]
+    else:
+        pos = t[None, :] + (tap * dilation + offset)[:, None]
     acc, last = _sum(
-        x_ptr, w_ptr, part_ptr, count_ptr, _tile(b), group, n_groups, T_x, C_in, b, r // KP, tap, pos, co, co_ok,
-        s_xb, s_xc, s_xt, s_wo, s_wi, s_wk, K, BLOCK_CO, BLOCK_CI, BLOCK_T, GROUP, SPLIT, COMPUTE, PRECISION,
+        x_ptr, w_ptr, part_ptr, count_ptr, _tile(b), group, n_groups, T_x, C_in, b, r // KP, tap, r, pos, co, co_ok,
+        s_xb, s_xc, s_xt, s_wo, s_wi, s_wk, K, KP, BLOCK_CO, BLOCK_CI, BLOCK_T, GROUP, SPLIT, COMPUTE, PRECISION,
+        DENSE,
     )  # fmt: skip
     y = _epilogue(acc, b_ptr, s_b, co, co_ok, HAS_BIAS, COMPUTE)
     if HAS_RES:
@@ -200,7 +220,7 @@ def _conv_transpose_kernel(
     s_xb, s_xc, s_xt, s_wi, s_wo, s_wk, s_b, s_ob, s_oc, s_ot,
     K: tl.constexpr, MP: tl.constexpr, BLOCK_CO: tl.constexpr, BLOCK_CI: tl.constexpr, BLOCK_Q: tl.constexpr,
     HAS_BIAS: tl.constexpr, GROUP: tl.constexpr, SPLIT: tl.constexpr, COMPUTE: tl.constexpr,
-    PRECISION: tl.constexpr,
+    PRECISION: tl.constexpr, DENSE: tl.constexpr,
 ):  # fmt: skip
     qi = tl.program_id(0) * BLOCK_Q + tl.arange(0, BLOCK_Q)
     q = q_first + qi
@@ -212,15 +232,39 @@ def _conv_transpose_kernel(
     r = tl.arange(0, BLOCK_CI * MP)  # reduction index: input channel r // MP, input q - r % MP
     m = r % MP
     tap = phase + m * stride
-    pos = q[None, :] - m[:, None]
+    if DENSE:  # the phase's packed weights; the unfolded rows are every phase's
+        w_ptr += phase * s_wk
+        pos = qi[None, :]
+    else:
+        pos = q[None, :] - m[:, None]
     acc, last = _sum(
-        x_ptr, w_ptr, part_ptr, count_ptr, _tile(row), group, n_groups, T_x, C_in, b, r // MP, tap, pos, co, co_ok,
-        s_xb, s_xc, s_xt, s_wo, s_wi, s_wk, K, BLOCK_CO, BLOCK_CI, BLOCK_Q, GROUP, SPLIT, COMPUTE, PRECISION,
+        x_ptr, w_ptr, part_ptr, count_ptr, _tile(row), group, n_groups, T_x, C_in, b, r // MP, tap, r, pos, co, co_ok,
+        s_xb, s_xc, s_xt, s_wo, s_wi, s_wk, K, MP, BLOCK_CO, BLOCK_CI, BLOCK_Q, GROUP, SPLIT, COMPUTE, PRECISION,
+        DENSE,
     )  # fmt: skip
     y = _epilogue(acc, b_ptr, s_b, co, co_ok, HAS_BIAS, COMPUTE)
     t = q * stride + phase - start
     mask = co_ok[:, None] & ((qi < n_q) & (t >= 0) & (t < length))[None, :] & last
     tl.store(out_ptr + b * s_ob + co[:, None].to(tl.int64) * s_oc + t[None, :] * s_ot, y, mask=mask)
+
+
+@triton.jit
+def _unfold_kernel(
+    x_ptr, cols_ptr, C, T_x, n_cols, first, step, s_xb, s_xc, s_xt, s_cb, s_cr,
+    K: tl.constexpr, KP: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr,
+):  # fmt: skip
+    """Row ``c KP + k`` of ``cols`` is input channel ``c`` at samples ``first + k step + t``, in ``cols``' dtype
+    (what the conv would load for tap ``k`` and output ``t``); zeros outside the input and for ``k >= K``."""
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    t = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
+    b = tl.program_id(2).to(tl.int64)
+    c = rows // KP
+    k = rows % KP
+    pos = first + t[None, :] + (k * step)[:, None]
+    ok = ((c < C) & (k < K))[:, None] & (pos >= 0) & (pos < T_x)
+    v = tl.load(x_ptr + b * s_xb + c[:, None].to(tl.int64) * s_xc + pos * s_xt, mask=ok, other=0.0)
+    out = cols_ptr + b * s_cb + rows[:, None].to(tl.int64) * s_cr + t[None, :]
+    tl.store(out, v.to(cols_ptr.dtype.element_ty), mask=(rows < C * KP)[:, None] & (t < n_cols)[None, :])
 
 
 @triton.jit
@@ -333,6 +377,74 @@ def _bias_args(bias: torch.Tensor | None, like: torch.Tensor) -> tuple[torch.Ten
     return (like, 0) if bias is None else (bias, bias.stride(0))
 
 
+# A call whose unfolded input (:func:`_unfold`) takes at most this many bytes runs on dense operands; a longer one
+# gathers its inputs in the kernel (unfolded, a long decode's last layers would take gigabytes).  Both load the
+# same numbers into the same dot products, so the choice changes the time, not the samples.
+DENSE_BYTES = 32 << 20
+
+
+def _dense(batch: int, rows: int, n: int, dtype: torch.dtype) -> bool:
+    return batch * rows * _padded(n) * dtype.itemsize <= DENSE_BYTES
+
+
+def _padded(n: int) -> int:
+    return -(-n // 8) * 8  # rows of whole 16-byte vectors (16-bit dtypes)
+
+
+def _unfold(x: torch.Tensor, k: int, kp: int, first: int, step: int, n: int, dtype: torch.dtype) -> torch.Tensor:
+    """``[B, C kp, n]`` (rows padded to :func:`_padded`): row ``c kp + j`` holds channel ``c`` at samples
+    ``first + j step .. + n - 1`` in ``dtype``, zeros outside ``x`` and for ``j >= k``: the reduction rows of an
+    implicit GEMM written out once, so the conv loads contiguous rows instead of gathering them for every tile
+    of output channels (at a streaming push's few samples the gather's index arithmetic took most of the time)."""
+    batch, c, _ = x.shape
+    cols = torch.empty(batch, c * kp, _padded(n), dtype=dtype, device=x.device)
+    block_t = min(128, max(16, triton.next_power_of_2(n)))
+    block_r = 4096 // block_t
+    grid = (triton.cdiv(c * kp, block_r), triton.cdiv(n, block_t), batch)
+    _unfold_kernel[grid](
+        x, cols, c, x.shape[-1], n, first, step, *x.stride(), cols.stride(0), cols.stride(1),
+        K=k, KP=kp, BLOCK_R=block_r, BLOCK_T=block_t, num_warps=4,
+    )  # fmt: skip
+    return cols
+
+
+def _pack_conv(weight: torch.Tensor, kp: int, dtype: torch.dtype) -> torch.Tensor:
+    """``[C_out, C_in kp]`` in ``dtype``: each output channel's reduction row, taps padded with zeros."""
+    c_out, c_in, k = weight.shape
+    packed = weight.new_zeros(c_out, c_in, kp, dtype=dtype)
+    packed[..., :k] = weight
+    return packed.reshape(c_out, c_in * kp)
+
+
+def _pack_transposed(weight: torch.Tensor, stride: int, mp: int, dtype: torch.dtype) -> torch.Tensor:
+    """``[stride, C_out, C_in mp]`` in ``dtype``: phase ``r``'s row ``c mp + m`` is tap ``r + m stride`` (zero past
+    the kernel)."""
+    c_in, c_out, k = weight.shape
+    padded = weight.new_zeros(c_in, c_out, mp * stride, dtype=dtype)
+    padded[..., :k] = weight
+    return padded.reshape(c_in, c_out, mp, stride).permute(3, 1, 0, 2).reshape(stride, c_out, c_in * mp)
+
+
+# (id of a weight, layout) -> (packed copy, the weight's data_ptr and version when packed); an entry goes with its
+# weight.  A weight changed in place is packed again, into the same memory, at its next call; CUDA graphs that
+# replay calls without running them must be captured again after such a change (the streaming decoder does).
+_packs: dict[tuple, tuple[torch.Tensor, int, int]] = {}
+
+
+def _packed(weight: torch.Tensor, layout: tuple, pack: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    key = (id(weight), *layout)
+    entry = _packs.get(key)
+    if entry is None:
+        packed = pack(weight)
+        weakref.finalize(weight, _packs.pop, key, None)
+    else:
+        packed = entry[0]
+        if entry[1:] != (weight.data_ptr(), tensor_version(weight)):
+            packed.copy_(pack(weight))
+    _packs[key] = (packed, weight.data_ptr(), tensor_version(weight))
+    return packed
+
+
 def conv1d(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -384,14 +496,22 @@ def conv1d(
     split = _split(n_groups, math.prod(grid), x.device)
     parts, counts = _split_buffers(math.prod(grid), n_groups, block_co, block_t, x) if split else (out, out)
     a = weight if alpha is None else alpha.reshape(c_out)
+    kp = triton.next_power_of_2(k)
+    dense = k > 1 and _dense(batch, c_in * kp, n_out, dtype)  # kernel-1 inputs are rows already
+    if dense:
+        x = _unfold(x, k, kp, -padding, dilation, n_out, dtype)
+        w = _packed(weight, ("conv", dtype), lambda w: _pack_conv(w, kp, dtype))
+        x_args, w_args = (x.stride(0), x.stride(1), 1), (w.stride(0), 0, 0)
+    else:
+        w, x_args, w_args = weight, x.stride(), weight.stride()
     _conv_kernel[(grid[0], grid[1], grid[2] * (n_groups if split else 1))](
-        x, weight, b_ptr, residual, rh, a, out, parts, counts,
-        c_in, c_out, n, n_out, -padding, dilation, residual.shape[-1], H_r, residual_offset, n_groups,
-        *x.stride(), *weight.stride(), s_b, 0 if alpha is None else a.stride(0),
+        x, w, b_ptr, residual, rh, a, out, parts, counts,
+        c_in, c_out, n_out if dense else n, n_out, -padding, dilation, residual.shape[-1], H_r, residual_offset,
+        n_groups, *x_args, *w_args, s_b, 0 if alpha is None else a.stride(0),
         *residual.stride(), *rh.stride(), *out.stride(),
-        K=k, KP=triton.next_power_of_2(k), BLOCK_CO=block_co, BLOCK_CI=block_ci, BLOCK_T=block_t,
+        K=k, KP=kp, BLOCK_CO=block_co, BLOCK_CI=block_ci, BLOCK_T=block_t,
         HAS_BIAS=bias is not None, HAS_RES=rh is not out, TANH=tanh, SNAKE=alpha is not None, GROUP=GROUP_SLICES,
-        SPLIT=split, COMPUTE=_TL_DTYPES[dtype], PRECISION=_precision(dtype), num_warps=warps,
+        SPLIT=split, COMPUTE=_TL_DTYPES[dtype], PRECISION=_precision(dtype), DENSE=dense, num_warps=warps,
         enable_fp_fusion=alpha is None,  # Snake rounded as torch rounds it; the other epilogues as measured
     )  # fmt: skip
     return out
@@ -430,13 +550,20 @@ def conv_transpose1d(
     n_groups = _groups(c_in, block_ci)
     split = _split(n_groups, math.prod(grid), x.device)
     parts, counts = _split_buffers(math.prod(grid), n_groups, block_co, block_q, x) if split else (out, out)
+    dense = _dense(batch, c_in * mp, n_q, dtype)
+    if dense:  # rows c mp + m: input c at q - m, for every phase
+        x = _unfold(x, mp, mp, q_first, -1, n_q, dtype)
+        w = _packed(weight, ("transposed", stride, dtype), lambda w: _pack_transposed(w, stride, mp, dtype))
+        x_args, w_args = (x.stride(0), x.stride(1), 1), (0, w.stride(1), w.stride(0))
+    else:
+        w, x_args, w_args = weight, x.stride(), weight.stride()
     _conv_transpose_kernel[(grid[0], grid[1], grid[2] * (n_groups if split else 1))](
-        x, weight, b_ptr, out, parts, counts,
-        c_in, c_out, n, stride, start, length, q_first, n_q, n_groups,
-        *x.stride(), *weight.stride(), s_b, *out.stride(),
+        x, w, b_ptr, out, parts, counts,
+        c_in, c_out, n_q if dense else n, stride, start, length, q_first, n_q, n_groups,
+        *x_args, *w_args, s_b, *out.stride(),
         K=k, MP=mp, BLOCK_CO=block_co, BLOCK_CI=block_ci, BLOCK_Q=block_q,
         HAS_BIAS=bias is not None, GROUP=GROUP_SLICES, SPLIT=split, COMPUTE=_TL_DTYPES[dtype],
-        PRECISION=_precision(dtype), num_warps=warps,
+        PRECISION=_precision(dtype), DENSE=dense, num_warps=warps,
     )  # fmt: skip
     return out
 

@@ -3,13 +3,14 @@
 they do, in µs per push; and the one-shot decode of the same frames for comparison.
 
     python3 benchmarks/vocoder_profile.py [--chunks 1,2,8,32] [--pushes 20] [--ops triton,torch]
-                                          [--sweep tiles|groups] [--layers]
+                                          [--sweep tiles|groups|stages] [--layers]
 
 ``--ops torch`` runs the decoder's convs on cuDNN (Snake stays the Triton kernel).  ``--sweep tiles`` times the
 stream and the one-shot decode for each tile configuration of our conv kernels (the same for every layer and
 call, instead of ``_blocks``'s choice per call; any fixed one keeps the stream bit-exact, which the table
 checks); ``--sweep groups`` does the same for the reduction group size (``GROUP_SLICES``, the share of a
-split-K program), and without the split.
+split-K program), and without the split; ``--sweep stages`` for the loads a short (dense-operand) call keeps in
+flight (``DENSE_STAGES``), and with every call gathering its operands (``DENSE_BYTES`` = 0).
 ``--layers`` lists the GPU time of each conv layer (our kernels), per push and one-shot.
 """
 
@@ -112,6 +113,21 @@ def sweep_groups(codec: DACAutoencoder, chunks: list[int]) -> None:
 
     configs = [{"group slices": g or f"{default_group}, no split"} for g in GROUP_SWEEP]
     sweep(codec, chunks, configs, apply, "Reduction group size of the vocoder conv kernels")
+
+
+STAGE_SWEEP = [0, 2, 3, 4, None]  # DENSE_STAGES; None: no dense calls (every call gathers)
+
+
+def sweep_stages(codec: DACAutoencoder, chunks: list[int]) -> None:
+    default_stages, default_bytes = kernels.DENSE_STAGES, kernels.DENSE_BYTES
+
+    def apply(config):
+        stages = None if config is None else config["dense stages"]
+        kernels.DENSE_STAGES = stages if isinstance(stages, int) else default_stages
+        kernels.DENSE_BYTES = 0 if config is not None and not isinstance(stages, int) else default_bytes
+
+    configs = [{"dense stages": "gather" if s is None else s} for s in STAGE_SWEEP]
+    sweep(codec, chunks, configs, apply, "Slices in flight in the dense-operand vocoder convs")
 
 
 def conv_layer_names(codec: DACAutoencoder) -> list[str]:
@@ -222,8 +238,8 @@ def main() -> None:
     p.add_argument("--ops", default="triton", choices=["triton", "torch"], help="the decoder convs' implementation")
     p.add_argument(
         "--sweep",
-        choices=["tiles", "groups"],
-        help="time every configuration of SWEEP (tiles) or GROUP_SWEEP instead",
+        choices=["tiles", "groups", "stages"],
+        help="time every configuration of SWEEP (tiles), GROUP_SWEEP or STAGE_SWEEP instead",
     )
     p.add_argument("--layers", action="store_true", help="GPU time of each conv layer instead of kernel groups")
     args = p.parse_args()
@@ -232,7 +248,7 @@ def main() -> None:
     codec = DACAutoencoder(DACConfig(), device="cuda")
     enable_triton_ops()
     if args.sweep:
-        sweeps = {"tiles": sweep_tiles, "groups": sweep_groups}
+        sweeps = {"tiles": sweep_tiles, "groups": sweep_groups, "stages": sweep_stages}
         sweeps[args.sweep](codec, args.chunks)
         return
     if args.layers:

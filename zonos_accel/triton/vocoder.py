@@ -90,22 +90,31 @@ def _slice(
 def _reduce(
     x_ptr, w_ptr, T_x, ci_first, ci_end, b, ci, tap, r, pos, co, co_ok, s_xb, s_xc, s_xt, s_wo, s_wi, s_wk,
     K: tl.constexpr, KP: tl.constexpr, BLOCK_CO: tl.constexpr, BLOCK_CI: tl.constexpr, BLOCK_T: tl.constexpr,
-    COMPUTE: tl.constexpr, PRECISION: tl.constexpr, DENSE: tl.constexpr,
+    COMPUTE: tl.constexpr, PRECISION: tl.constexpr, DENSE: tl.constexpr, STAGES: tl.constexpr,
 ):  # fmt: skip
     """The sum over input channels ``ci_first .. ci_end - 1`` from zero, in slices of ``BLOCK_CI`` channels in
-    channel order; each slice is loaded one iteration ahead of its dot, so the loads overlap the previous one."""
+    channel order.  Dense operands with ``STAGES``: Triton's pipeline keeps that many slices' loads in flight
+    (the same dots in the same order); else each slice is loaded one iteration ahead of its dot."""
     acc = tl.zeros((BLOCK_CO, BLOCK_T), dtype=tl.float32)
-    w, v = _slice(
-        x_ptr, w_ptr, T_x, ci_end, b, ci_first + ci, tap, ci_first * KP + r, pos, co, co_ok,
-        s_xb, s_xc, s_xt, s_wo, s_wi, s_wk, K, KP, COMPUTE, DENSE,
-    )  # fmt: skip
-    for ci0 in range(ci_first + BLOCK_CI, ci_end + BLOCK_CI, BLOCK_CI):
-        w_next, v_next = _slice(
-            x_ptr, w_ptr, T_x, ci_end, b, ci0 + ci, tap, ci0 * KP + r, pos, co, co_ok,
+    if DENSE and STAGES > 0:
+        for ci0 in tl.range(ci_first, ci_end, BLOCK_CI, num_stages=STAGES):
+            w, v = _slice(
+                x_ptr, w_ptr, T_x, ci_end, b, ci0 + ci, tap, ci0 * KP + r, pos, co, co_ok,
+                s_xb, s_xc, s_xt, s_wo, s_wi, s_wk, K, KP, COMPUTE, DENSE,
+            )  # fmt: skip
+            acc = tl.dot(w, v, acc, input_precision=PRECISION)
+    else:
+        w, v = _slice(
+            x_ptr, w_ptr, T_x, ci_end, b, ci_first + ci, tap, ci_first * KP + r, pos, co, co_ok,
             s_xb, s_xc, s_xt, s_wo, s_wi, s_wk, K, KP, COMPUTE, DENSE,
         )  # fmt: skip
-        acc = tl.dot(w, v, acc, input_precision=PRECISION)
-        w, v = w_next, v_next
+        for ci0 in range(ci_first + BLOCK_CI, ci_end + BLOCK_CI, BLOCK_CI):
+            w_next, v_next = _slice(
+                x_ptr, w_ptr, T_x, ci_end, b, ci0 + ci, tap, ci0 * KP + r, pos, co, co_ok,
+                s_xb, s_xc, s_xt, s_wo, s_wi, s_wk, K, KP, COMPUTE, DENSE,
+            )  # fmt: skip
+            acc = tl.dot(w, v, acc, input_precision=PRECISION)
+            w, v = w_next, v_next
     return acc
 
 
@@ -115,6 +124,7 @@ def _sum(
     s_xb, s_xc, s_xt, s_wo, s_wi, s_wk,
     K: tl.constexpr, KP: tl.constexpr, BLOCK_CO: tl.constexpr, BLOCK_CI: tl.constexpr, BLOCK_T: tl.constexpr,
     GROUP: tl.constexpr, SPLIT: tl.constexpr, COMPUTE: tl.constexpr, PRECISION: tl.constexpr, DENSE: tl.constexpr,
+    STAGES: tl.constexpr,
 ):  # fmt: skip
     """(sum, whether this program stores it): the groups' sums (each of ``GROUP`` slices, from zero)
     added in group order.  With ``SPLIT`` this program sums group ``group`` of the ``tile`` and publishes it;
@@ -125,7 +135,7 @@ def _sum(
         first = group * group_ci
         part = _reduce(
             x_ptr, w_ptr, T_x, first, tl.minimum(first + group_ci, C_in), b, ci, tap, r, pos, co, co_ok,
-            s_xb, s_xc, s_xt, s_wo, s_wi, s_wk, K, KP, BLOCK_CO, BLOCK_CI, BLOCK_T, COMPUTE, PRECISION, DENSE,
+            s_xb, s_xc, s_xt, s_wo, s_wi, s_wk, K, KP, BLOCK_CO, BLOCK_CI, BLOCK_T, COMPUTE, PRECISION, DENSE, STAGES,
         )  # fmt: skip
         cell = tl.arange(0, BLOCK_CO)[:, None] * BLOCK_T + tl.arange(0, BLOCK_T)[None, :]
         parts = part_ptr + tile.to(tl.int64) * n_groups * BLOCK_CO * BLOCK_T
@@ -146,6 +156,7 @@ def _sum(
             total += _reduce(
                 x_ptr, w_ptr, T_x, first, tl.minimum(first + group_ci, C_in), b, ci, tap, r, pos, co, co_ok,
                 s_xb, s_xc, s_xt, s_wo, s_wi, s_wk, K, KP, BLOCK_CO, BLOCK_CI, BLOCK_T, COMPUTE, PRECISION, DENSE,
+                STAGES,
             )  # fmt: skip
     return total, last
 
@@ -180,7 +191,7 @@ def _conv_kernel(
     s_rb, s_rc, s_rt, s_rhb, s_rhc, s_rht, s_ob, s_oc, s_ot,
     K: tl.constexpr, KP: tl.constexpr, BLOCK_CO: tl.constexpr, BLOCK_CI: tl.constexpr, BLOCK_T: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, TANH: tl.constexpr, SNAKE: tl.constexpr, GROUP: tl.constexpr,
-    SPLIT: tl.constexpr, COMPUTE: tl.constexpr, PRECISION: tl.constexpr, DENSE: tl.constexpr,
+    SPLIT: tl.constexpr, COMPUTE: tl.constexpr, PRECISION: tl.constexpr, DENSE: tl.constexpr, STAGES: tl.constexpr,
 ):  # fmt: skip
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     co = tl.program_id(1) * BLOCK_CO + tl.arange(0, BLOCK_CO)
@@ -195,7 +206,7 @@ def _conv_kernel(
     acc, last = _sum(
         x_ptr, w_ptr, part_ptr, count_ptr, _tile(b), group, n_groups, T_x, C_in, b, r // KP, tap, r, pos, co, co_ok,
         s_xb, s_xc, s_xt, s_wo, s_wi, s_wk, K, KP, BLOCK_CO, BLOCK_CI, BLOCK_T, GROUP, SPLIT, COMPUTE, PRECISION,
-        DENSE,
+        DENSE, STAGES,
     )  # fmt: skip
     y = _epilogue(acc, b_ptr, s_b, co, co_ok, HAS_BIAS, COMPUTE)
     if HAS_RES:
@@ -220,7 +231,7 @@ def _conv_transpose_kernel(
     s_xb, s_xc, s_xt, s_wi, s_wo, s_wk, s_b, s_ob, s_oc, s_ot,
     K: tl.constexpr, MP: tl.constexpr, BLOCK_CO: tl.constexpr, BLOCK_CI: tl.constexpr, BLOCK_Q: tl.constexpr,
     HAS_BIAS: tl.constexpr, GROUP: tl.constexpr, SPLIT: tl.constexpr, COMPUTE: tl.constexpr,
-    PRECISION: tl.constexpr, DENSE: tl.constexpr,
+    PRECISION: tl.constexpr, DENSE: tl.constexpr, STAGES: tl.constexpr,
 ):  # fmt: skip
     qi = tl.program_id(0) * BLOCK_Q + tl.arange(0, BLOCK_Q)
     q = q_first + qi
@@ -240,7 +251,7 @@ def _conv_transpose_kernel(
     acc, last = _sum(
         x_ptr, w_ptr, part_ptr, count_ptr, _tile(row), group, n_groups, T_x, C_in, b, r // MP, tap, r, pos, co, co_ok,
         s_xb, s_xc, s_xt, s_wo, s_wi, s_wk, K, MP, BLOCK_CO, BLOCK_CI, BLOCK_Q, GROUP, SPLIT, COMPUTE, PRECISION,
-        DENSE,
+        DENSE, STAGES,
     )  # fmt: skip
     y = _epilogue(acc, b_ptr, s_b, co, co_ok, HAS_BIAS, COMPUTE)
     t = q * stride + phase - start
@@ -381,6 +392,7 @@ def _bias_args(bias: torch.Tensor | None, like: torch.Tensor) -> tuple[torch.Ten
 # gathers its inputs in the kernel (unfolded, a long decode's last layers would take gigabytes).  Both load the
 # same numbers into the same dot products, so the choice changes the time, not the samples.
 DENSE_BYTES = 32 << 20
+DENSE_STAGES = 4  # slices in flight in a dense call's reduction (0: one ahead, as the gather; 4: best of 0-4 measured)
 
 
 def _dense(batch: int, rows: int, n: int, dtype: torch.dtype) -> bool:
@@ -511,7 +523,8 @@ def conv1d(
         *residual.stride(), *rh.stride(), *out.stride(),
         K=k, KP=kp, BLOCK_CO=block_co, BLOCK_CI=block_ci, BLOCK_T=block_t,
         HAS_BIAS=bias is not None, HAS_RES=rh is not out, TANH=tanh, SNAKE=alpha is not None, GROUP=GROUP_SLICES,
-        SPLIT=split, COMPUTE=_TL_DTYPES[dtype], PRECISION=_precision(dtype), DENSE=dense, num_warps=warps,
+        SPLIT=split, COMPUTE=_TL_DTYPES[dtype], PRECISION=_precision(dtype), DENSE=dense, STAGES=DENSE_STAGES,
+        num_warps=warps,
         enable_fp_fusion=alpha is None,  # Snake rounded as torch rounds it; the other epilogues as measured
     )  # fmt: skip
     return out
@@ -563,7 +576,7 @@ def conv_transpose1d(
         *x_args, *w_args, s_b, *out.stride(),
         K=k, MP=mp, BLOCK_CO=block_co, BLOCK_CI=block_ci, BLOCK_Q=block_q,
         HAS_BIAS=bias is not None, GROUP=GROUP_SLICES, SPLIT=split, COMPUTE=_TL_DTYPES[dtype],
-        PRECISION=_precision(dtype), DENSE=dense, num_warps=warps,
+        PRECISION=_precision(dtype), DENSE=dense, STAGES=DENSE_STAGES, num_warps=warps,
     )  # fmt: skip
     return out
 

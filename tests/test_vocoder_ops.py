@@ -386,6 +386,39 @@ def test_sequence_tail_makes_stream_windows_bit_for_bit(target, dtype):
         assert torch.allclose(ref, torch.cat([last[..., -kept:], new], -1), rtol=2e-3, atol=1e-6)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+def test_sequence_tail_unfolds_the_next_convs_input(target, dtype, monkeypatch):
+    """``sequence_tail(..., unfold=(k, d))`` writes the window and, in the same launch, the unfolded input of the
+    conv that reads it next, which takes it over: the same window and conv samples, bit for bit, as without the
+    hint; in place and into a new buffer, with Snake and without, pushes shorter and longer than the history.  A
+    conv the hint does not describe unfolds for itself."""
+    fast, device = target
+    alpha = (torch.rand(37, generator=torch.Generator().manual_seed(3)) * 2 + 0.1).to(device)
+    w = _randn(19, 37, 7, device=device, dtype=torch.float32, seed=4, scale=(37 * 7) ** -0.5)
+    b = _randn(19, device=device, dtype=torch.float32, seed=5, scale=0.1)
+    unfolds = []
+    unfold = fast._unfold
+    monkeypatch.setattr(fast, "_unfold", lambda *a: unfolds.append(a) or unfold(*a))
+    for kept, n, d, snake, in_place in [(54, 8, 9, True, True), (18, 300, 3, False, False), (6, 1, 1, True, True)]:
+        x = _randn(2, 37, n, device=device, dtype=torch.float16, seed=kept + n, scale=3.0)
+        a = alpha if snake else None
+        last = _randn(2, 37, kept + n, device=device, dtype=dtype, seed=n)
+        plain = fast.sequence_tail(last, x, kept + n, alpha=a)
+        expected = fast.conv1d(plain, w, b, dilation=d, dtype=dtype)
+        assert len(unfolds) == 1
+        _poison(device)
+        hinted = fast.sequence_tail(last, x, kept + n, out=last if in_place else None, alpha=a, unfold=(7, d))
+        assert (hinted is last) == in_place and torch.equal(hinted, plain)
+        assert torch.equal(fast.conv1d(hinted, w, b, dilation=d, dtype=dtype), expected)
+        assert len(unfolds) == 1  # taken over
+        fast.sequence_tail(plain.clone(), x, kept + n, alpha=a, unfold=(7, d))
+        assert torch.equal(fast.conv1d(hinted, w, b, dilation=d, dtype=dtype), expected)  # another window's
+        assert len(unfolds) == 2
+        unfolds.clear()
+    with pytest.raises(ValueError, match="unfold"):
+        fast.sequence_tail(last, x, 3, unfold=(7, 0))
+
+
 def test_float64_and_bad_arguments_take_the_reference_or_raise(target):
     fast, device = target
     x, hist, w, b = _conv_inputs(8, 8, 7, 12, 3, device, torch.float64, seed=3)

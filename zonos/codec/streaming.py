@@ -190,6 +190,7 @@ class _Windowed(_Stage):
     state_attrs = ("window",)
     context = 0  # history samples a window keeps
     initial = 0  # zeros before the first input
+    unfold: tuple[int, int] | None = None  # (kernel, dilation) of a stride-1 conv: sequence_tail's hint
 
     def __init__(self, conv: nn.Module, params: _Params, snake: Snake1d | None) -> None:
         super().__init__()
@@ -208,7 +209,7 @@ class _Windowed(_Stage):
         kept = min(last.shape[-1], self.context)
         window = self._empty("window", (*x.shape[:2], kept + x.shape[-1]), last)
         alpha = None if self.snake is None else self.snake.alpha
-        self.window = ops.sequence_tail(last, x, kept + x.shape[-1], out=window, alpha=alpha)
+        self.window = ops.sequence_tail(last, x, kept + x.shape[-1], out=window, alpha=alpha, unfold=self.unfold)
         return self.window
 
 
@@ -226,6 +227,7 @@ class _Conv(_Windowed):
         self.tanh = tanh
         self.dilation = d
         self.context = (k - 1) * d  # input samples one output spans, minus one
+        self.unfold = (k, d)
         self.initial = self.left = pad[0]
         self.right = self.context - pad[0]
         self.reset()

@@ -73,6 +73,12 @@ def conv1d(
     return snake(y, alpha.reshape(1, -1, 1), dtype)
 
 
+def check_unfold(unfold: tuple[int, int]) -> None:
+    """Raise ValueError unless ``unfold`` is a (kernel size, dilation) pair of positive ints."""
+    if not (isinstance(unfold, tuple) and len(unfold) == 2 and all(isinstance(v, int) and v > 0 for v in unfold)):
+        raise ValueError(f"unfold must be (kernel size, dilation), two positive ints; got {unfold!r}")
+
+
 def conv_transpose1d(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -106,11 +112,18 @@ def sequence_tail(
     *,
     out: torch.Tensor | None = None,
     alpha: torch.Tensor | None = None,
+    unfold: tuple[int, int] | None = None,
 ) -> torch.Tensor:
     """The last ``length`` samples of ``[history | x]`` in ``history``'s dtype, with ``snake(x, alpha)`` in place
     of ``x`` when ``alpha`` is given: a stream layer's next history, or its next input window (the kept history,
     then Snake's outputs for the new samples).  Written into ``out`` if given, which may be the leading samples of
-    ``history``'s own buffer (a window updated in place)."""
+    ``history``'s own buffer (a window updated in place).
+
+    ``unfold=(kernel, dilation)`` says that :func:`conv1d` with that kernel size and dilation (no padding, in
+    ``history``'s dtype) reads the result next.  It changes nothing here; a fast path may prepare that conv's
+    operands in the same launch."""
+    if unfold is not None:
+        check_unfold(unfold)
     if alpha is not None:
         if alpha.numel() != x.shape[1]:
             raise ValueError(f"Snake needs {x.shape[1]} alphas; got {alpha.numel()}")

@@ -310,6 +310,41 @@ def _tail_kernel(
     tl.store(out_rows + (n_h + j)[None, :] * s_ot, v.to(out_ptr.dtype.element_ty), mask=x_ok)
 
 
+@triton.jit
+def _tail_unfold_kernel(
+    h_ptr, x_ptr, alpha_ptr, out_ptr, cols_ptr, H, n, length, n_out, dilation, s_a,
+    s_hb, s_hc, s_ht, s_xb, s_xc, s_xt, s_ob, s_oc, s_ot, s_cb, s_cr,
+    K: tl.constexpr, KP: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_S: tl.constexpr, SNAKE: tl.constexpr,
+):  # fmt: skip
+    """``_tail_kernel``'s window, one channel row per program, then that row unfolded for the conv that reads the
+    window next (``_unfold``'s rows ``c KP + k``: window samples ``k dilation + t``, ``t < n_out``).  Owning the
+    whole row, the program reads the kept history before it writes any of it (``out`` may be the history's
+    buffer) and reads the window back after writing it (a CTA barrier orders its threads' global memory)."""
+    c = tl.program_id(0).to(tl.int64)
+    b = tl.program_id(1).to(tl.int64)
+    start = H + n - length  # the first kept sample of [history | x]
+    n_h = tl.maximum(H - start, 0)
+    n_x = length - n_h
+    row = out_ptr + b * s_ob + c * s_oc
+    i = tl.arange(0, BLOCK_H)
+    kept = tl.load(h_ptr + b * s_hb + c * s_hc + (start + i) * s_ht, mask=i < n_h, other=0.0)
+    tl.debug_barrier()
+    tl.store(row + i * s_ot, kept, mask=i < n_h)
+    alpha = tl.load(alpha_ptr + c * s_a).to(tl.float32)
+    for j0 in range(0, n_x, BLOCK_S):
+        j = j0 + tl.arange(0, BLOCK_S)
+        v = tl.load(x_ptr + b * s_xb + c * s_xc + (n - n_x + j) * s_xt, mask=j < n_x, other=0.0).to(tl.float32)
+        if SNAKE:
+            v = snake_fp32(v, alpha)
+        tl.store(row + (n_h + j) * s_ot, v.to(out_ptr.dtype.element_ty), mask=j < n_x)
+    tl.debug_barrier()
+    for k in tl.static_range(KP):
+        for t0 in range(0, n_out, BLOCK_S):
+            t = t0 + tl.arange(0, BLOCK_S)
+            v = tl.load(row + (t + k * dilation) * s_ot, mask=(t < n_out) & (k < K), other=0.0)
+            tl.store(cols_ptr + b * s_cb + (c * KP + k) * s_cr + t, v, mask=t < n_out)
+
+
 # -- wrappers ------------------------------------------------------------------------------------------
 
 
@@ -457,6 +492,22 @@ def _packed(weight: torch.Tensor, layout: tuple, pack: Callable[[torch.Tensor], 
     return packed
 
 
+# The unfolded input that the last ``sequence_tail(..., unfold=...)`` wrote in its launch, for the conv that reads its
+# window next: (window, its version, (kernel, dilation, outputs, dtype), unfolded rows).
+_handoff: tuple | None = None
+
+
+def _unfolded(x: torch.Tensor, k: int, kp: int, dilation: int, padding: int, n_out: int, dtype) -> torch.Tensor:
+    """``x`` unfolded for a dense conv: the copy its ``sequence_tail`` made if it made one, else a new one."""
+    global _handoff
+    if _handoff is not None and padding == 0:
+        window, version, key, cols = _handoff
+        if window is x and version == tensor_version(x) and key == (k, dilation, n_out, dtype):
+            _handoff = None
+            return cols
+    return _unfold(x, k, kp, -padding, dilation, n_out, dtype)
+
+
 def conv1d(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -511,7 +562,7 @@ def conv1d(
     kp = triton.next_power_of_2(k)
     dense = k > 1 and _dense(batch, c_in * kp, n_out, dtype)  # kernel-1 inputs are rows already
     if dense:
-        x = _unfold(x, k, kp, -padding, dilation, n_out, dtype)
+        x = _unfolded(x, k, kp, dilation, padding, n_out, dtype)
         w = _packed(weight, ("conv", dtype), lambda w: _pack_conv(w, kp, dtype))
         x_args, w_args = (x.stride(0), x.stride(1), 1), (w.stride(0), 0, 0)
     else:
@@ -588,9 +639,15 @@ def sequence_tail(
     *,
     out: torch.Tensor | None = None,
     alpha: torch.Tensor | None = None,
+    unfold: tuple[int, int] | None = None,
 ) -> torch.Tensor:
     """Same contract as :func:`zonos.ops.vocoder.sequence_tail` (Snake bit for bit as :mod:`.snake` computes it);
-    ``out`` may be the leading samples of ``history``'s buffer (a stream layer's window updated in place)."""
+    ``out`` may be the leading samples of ``history``'s buffer (a stream layer's window updated in place).  With
+    ``unfold`` it also writes, in the same launch, the unfolded input of the dense conv that reads the window next
+    (:func:`conv1d` takes it over instead of unfolding the window itself: one launch less per layer)."""
+    global _handoff
+    if unfold is not None:
+        reference.check_unfold(unfold)
     if history.dtype == torch.float64:
         return reference.sequence_tail(history, x, length, out=out, alpha=alpha)
     if x.dim() != 3 or x.shape[:2] != history.shape[:2] or x.device != history.device:
@@ -608,6 +665,19 @@ def sequence_tail(
     if out.numel() == 0:
         return out
     n_h = max(H - (H + n - length), 0)
+    k, dilation = unfold or (1, 1)
+    kp, n_out = triton.next_power_of_2(k), length - (k - 1) * dilation
+    if k > 1 and n_out > 0 and _dense(batch, channels * kp, n_out, out.dtype):
+        cols = torch.empty(batch, channels * kp, _padded(n_out), dtype=out.dtype, device=out.device)
+        a = history if alpha is None else alpha.reshape(channels)
+        _tail_unfold_kernel[(channels, batch)](
+            history, x, a, out, cols, H, n, length, n_out, dilation, a.stride(0) if alpha is not None else 0,
+            *history.stride(), *x.stride(), *out.stride(), cols.stride(0), cols.stride(1),
+            K=k, KP=kp, BLOCK_H=max(16, triton.next_power_of_2(n_h)), BLOCK_S=256, SNAKE=alpha is not None,
+            num_warps=4, enable_fp_fusion=False,  # Snake rounded as torch rounds it
+        )  # fmt: skip
+        _handoff = (out, tensor_version(out), (k, dilation, n_out, out.dtype), cols)
+        return out
     block_h = max(16, triton.next_power_of_2(n_h))
     block_x = max(block_h, min(1024, triton.next_power_of_2(length - n_h)))  # >= n_h: see the kernel
     block_c = max(1, min(triton.next_power_of_2(channels), 2048 // block_x))

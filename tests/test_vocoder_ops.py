@@ -391,7 +391,7 @@ def test_sequence_tail_unfolds_the_next_convs_input(target, dtype, monkeypatch):
     """``sequence_tail(..., unfold=(k, d))`` writes the window and, in the same launch, the unfolded input of the
     conv that reads it next, which takes it over: the same window and conv samples, bit for bit, as without the
     hint; in place and into a new buffer, with Snake and without, pushes shorter and longer than the history.  A
-    conv the hint does not describe unfolds for itself."""
+    conv the hint does not describe, or after a window too long to unfold in the same launch, unfolds for itself."""
     fast, device = target
     alpha = (torch.rand(37, generator=torch.Generator().manual_seed(3)) * 2 + 0.1).to(device)
     w = _randn(19, 37, 7, device=device, dtype=torch.float32, seed=4, scale=(37 * 7) ** -0.5)
@@ -399,7 +399,9 @@ def test_sequence_tail_unfolds_the_next_convs_input(target, dtype, monkeypatch):
     unfolds = []
     unfold = fast._unfold
     monkeypatch.setattr(fast, "_unfold", lambda *a: unfolds.append(a) or unfold(*a))
-    for kept, n, d, snake, in_place in [(54, 8, 9, True, True), (18, 300, 3, False, False), (6, 1, 1, True, True)]:
+    cases = [(54, 8, 9, True, True), (18, 300, 3, False, False), (6, 1, 1, True, True), (54, 2100, 9, True, True)]
+    for kept, n, d, snake, in_place in cases:
+        fused = kept + n <= fast.FUSED_TAIL_SAMPLES  # else the conv unfolds the window itself
         x = _randn(2, 37, n, device=device, dtype=torch.float16, seed=kept + n, scale=3.0)
         a = alpha if snake else None
         last = _randn(2, 37, kept + n, device=device, dtype=dtype, seed=n)
@@ -410,10 +412,10 @@ def test_sequence_tail_unfolds_the_next_convs_input(target, dtype, monkeypatch):
         hinted = fast.sequence_tail(last, x, kept + n, out=last if in_place else None, alpha=a, unfold=(7, d))
         assert (hinted is last) == in_place and torch.equal(hinted, plain)
         assert torch.equal(fast.conv1d(hinted, w, b, dilation=d, dtype=dtype), expected)
-        assert len(unfolds) == 1  # taken over
+        assert len(unfolds) == 1 + (not fused)  # taken over
         fast.sequence_tail(plain.clone(), x, kept + n, alpha=a, unfold=(7, d))
         assert torch.equal(fast.conv1d(hinted, w, b, dilation=d, dtype=dtype), expected)  # another window's
-        assert len(unfolds) == 2
+        assert len(unfolds) == 2 + (not fused)
         unfolds.clear()
     with pytest.raises(ValueError, match="unfold"):
         fast.sequence_tail(last, x, 3, unfold=(7, 0))

@@ -492,6 +492,12 @@ def _packed(weight: torch.Tensor, layout: tuple, pack: Callable[[torch.Tensor], 
     return packed
 
 
+# The longest window ``sequence_tail(..., unfold=...)`` unfolds in its own launch.  It does so with one program per
+# channel, which owns the row; longer windows (pushes of more than ~4 frames at the last blocks) are faster in two
+# launches over many programs: with the fused launch for all, 32-frame pushes took 933 µs of GPU time against 802
+# (2-frame pushes: 381 against 397; H200, benchmarks/vocoder_profile.py).
+FUSED_TAIL_SAMPLES = 2048
+
 # The unfolded input that the last ``sequence_tail(..., unfold=...)`` wrote in its launch, for the conv that reads its
 # window next: (window, its version, (kernel, dilation, outputs, dtype), unfolded rows).
 _handoff: tuple | None = None
@@ -667,7 +673,7 @@ def sequence_tail(
     n_h = max(H - (H + n - length), 0)
     k, dilation = unfold or (1, 1)
     kp, n_out = triton.next_power_of_2(k), length - (k - 1) * dilation
-    if k > 1 and n_out > 0 and _dense(batch, channels * kp, n_out, out.dtype):
+    if k > 1 and 0 < n_out and length <= FUSED_TAIL_SAMPLES and _dense(batch, channels * kp, n_out, out.dtype):
         cols = torch.empty(batch, channels * kp, _padded(n_out), dtype=out.dtype, device=out.device)
         a = history if alpha is None else alpha.reshape(channels)
         _tail_unfold_kernel[(channels, batch)](

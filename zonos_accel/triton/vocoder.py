@@ -16,6 +16,12 @@ parallel programs and the one that finishes last adds them (split-K, one launch)
 after another in one program.  Both add the same numbers in the same order, so the split changes the time,
 not the samples.
 
+A short call (a streaming push, a short decode's first layers) reads dense operands instead of gathering them:
+its input unfolded once into contiguous reduction rows (by ``_unfold``, or by the ``sequence_tail`` that made
+its window, in the same launch) and its weights packed once per weight tensor, both loaded as 16-byte vectors
+and pipelined ``DENSE_STAGES`` slices deep.  The dot products see the same numbers in the same order, so this
+too changes the time, not the samples.
+
 Snake stays a launch of its own (:mod:`.snake`): applied as a conv loaded its input, it was recomputed for
 every tap and channel tile, which made these kernels 5x slower than cuDNN one-shot (H200).
 """

@@ -540,6 +540,10 @@ def test_reference_rejects_bad_arguments():
         reference.conv1d(x, w, alpha=torch.ones(3))
     with pytest.raises(ValueError, match="4 alphas; got 2"):
         reference.sequence_tail(x, x, 3, alpha=torch.ones(2))
+    for bad in [(7, 0), (7,), (7.0, 1), [7, 1]]:
+        with pytest.raises(ValueError, match="unfold must be"):
+            reference.sequence_tail(x, x, 3, unfold=bad)
+    assert torch.equal(reference.sequence_tail(x, x, 12, unfold=(3, 2)), reference.sequence_tail(x, x, 12))
     # Another dtype is converted to the history's (through Snake with alpha).
     assert reference.sequence_tail(x.double(), x, 12).dtype == torch.float64
     y = reference.conv1d(x, w, padding=1, residual=x)  # the residual as in a residual unit

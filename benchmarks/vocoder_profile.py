@@ -3,14 +3,16 @@
 they do, in µs per push; and the one-shot decode of the same frames for comparison.
 
     python3 benchmarks/vocoder_profile.py [--chunks 1,2,8,32] [--pushes 20] [--ops triton,torch]
-                                          [--sweep tiles|groups|stages] [--layers]
+                                          [--sweep tiles|groups|stages|slices] [--layers]
 
 ``--ops torch`` runs the decoder's convs on cuDNN (Snake stays the Triton kernel).  ``--sweep tiles`` times the
 stream and the one-shot decode for each tile configuration of our conv kernels (the same for every layer and
 call, instead of ``_blocks``'s choice per call; any fixed one keeps the stream bit-exact, which the table
-checks); ``--sweep groups`` does the same for the reduction group size (``GROUP_SLICES``, the share of a
-split-K program), and without the split; ``--sweep stages`` for the loads a short (dense-operand) call keeps in
-flight (``DENSE_STAGES``), and with every call gathering its operands (``DENSE_BYTES`` = 0).
+checks); ``--sweep groups`` does the same for the reduction group size (``GROUP_REDUCE``, the share of a
+split-K program), and without the split; ``--sweep slices`` for the reduction elements per loop step
+(``REDUCE`` in calls with many output tiles, ``SHORT_REDUCE`` with few), which must leave every sample as it
+is; ``--sweep stages`` for the loads a short (dense-operand) call keeps in flight (``DENSE_STAGES``), and with
+every call gathering its operands (``DENSE_BYTES`` = 0).
 ``--layers`` lists the GPU time of each conv layer (our kernels), per push and one-shot.
 """
 
@@ -71,11 +73,18 @@ SWEEP = [(co, red, t) for co in (16, 32, 64) for red in (64, 128) for t in (32, 
 
 def sweep(codec: DACAutoencoder, chunks: list[int], configs: list[dict], apply, title: str) -> None:
     """Stream and one-shot cost (256 frames, fp16) under each of ``configs`` (``apply(config)`` sets one up; ``None``
-    restores the default), a table printed as each configuration finishes (compiles dominate a sweep's time)."""
+    restores the default), a table printed as each configuration finishes (compiles dominate a sweep's time); and
+    how many one-shot samples of fixed codes differ from the first configuration's."""
+    codes = torch.randint(0, 1024, (1, 9, 64), device="cuda")
+    first = None
     try:
         for config in configs:
             apply(config)
-            print(table([{**config, **row} for row in vocoder_cost(codec, 256, chunks)], title), flush=True)
+            audio = codec.decode(codes)
+            first = audio if first is None else first
+            same = {"one-shot samples differing from the first row's": int((audio != first).sum())}
+            rows = [{**config, **row, **same} for row in vocoder_cost(codec, 256, chunks)]
+            print(table(rows, title), flush=True)
     finally:
         apply(None)
 
@@ -99,20 +108,35 @@ def sweep_tiles(codec: DACAutoencoder, chunks: list[int]) -> None:
     sweep(codec, chunks, configs, apply, "Tile configuration of the vocoder conv kernels (every layer alike)")
 
 
-GROUP_SWEEP = [4, 8, 16, 32, None]  # slices per reduction group; None: no split-K launches
+GROUP_SWEEP = [256, 512, 1024, 2048, None]  # reduction elements per group; None: no split-K launches
 
 
 def sweep_groups(codec: DACAutoencoder, chunks: list[int]) -> None:
-    default_group, default_split = kernels.GROUP_SLICES, kernels._split
+    default_group, default_split = kernels.GROUP_REDUCE, kernels._split
 
     def apply(config):
-        group = None if config is None else config["group slices"]
-        kernels.GROUP_SLICES = group if isinstance(group, int) else default_group
+        group = None if config is None else config["group elements"]
+        kernels.GROUP_REDUCE = group if isinstance(group, int) else default_group
         no_split = config is not None and not isinstance(group, int)
         kernels._split = (lambda n_groups, tiles, device: False) if no_split else default_split
 
-    configs = [{"group slices": g or f"{default_group}, no split"} for g in GROUP_SWEEP]
+    configs = [{"group elements": g or f"{default_group}, no split"} for g in GROUP_SWEEP]
     sweep(codec, chunks, configs, apply, "Reduction group size of the vocoder conv kernels")
+
+
+SLICE_SWEEP = [(64, 64), (64, 128), (64, 256), (128, 128)]  # reduction elements per slice: (REDUCE, SHORT_REDUCE)
+
+
+def sweep_slices(codec: DACAutoencoder, chunks: list[int]) -> None:
+    """Slices of every size chain the same products in the same groups: the samples must not change."""
+    default = kernels.REDUCE, kernels.SHORT_REDUCE
+
+    def apply(config):
+        pair = default if config is None else (config["slice (many tiles)"], config["slice (few tiles)"])
+        kernels.REDUCE, kernels.SHORT_REDUCE = pair
+
+    configs = [{"slice (many tiles)": long, "slice (few tiles)": short} for long, short in SLICE_SWEEP]
+    sweep(codec, chunks, configs, apply, "Reduction slice sizes of the vocoder conv kernels (REDUCE, SHORT_REDUCE)")
 
 
 STAGE_SWEEP = [0, 2, 3, 4, None]  # DENSE_STAGES; None: no dense calls (every call gathers)
@@ -238,8 +262,8 @@ def main() -> None:
     p.add_argument("--ops", default="triton", choices=["triton", "torch"], help="the decoder convs' implementation")
     p.add_argument(
         "--sweep",
-        choices=["tiles", "groups", "stages"],
-        help="time every configuration of SWEEP (tiles), GROUP_SWEEP or STAGE_SWEEP instead",
+        choices=["tiles", "groups", "stages", "slices"],
+        help="time every configuration of SWEEP (tiles), GROUP_SWEEP, STAGE_SWEEP or SLICE_SWEEP instead",
     )
     p.add_argument("--layers", action="store_true", help="GPU time of each conv layer instead of kernel groups")
     args = p.parse_args()
@@ -248,7 +272,7 @@ def main() -> None:
     codec = DACAutoencoder(DACConfig(), device="cuda")
     enable_triton_ops()
     if args.sweep:
-        sweeps = {"tiles": sweep_tiles, "groups": sweep_groups, "stages": sweep_stages}
+        sweeps = {"tiles": sweep_tiles, "groups": sweep_groups, "stages": sweep_stages, "slices": sweep_slices}
         sweeps[args.sweep](codec, args.chunks)
         return
     if args.layers:

@@ -138,34 +138,36 @@ def test_conv_then_snake_equals_the_two_ops_bit_for_bit(target, dtype, monkeypat
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_output_tiles_do_not_change_the_sums(target, dtype, monkeypatch):
-    """What lets a call pick its output tile by size (``_blocks``): every tile of ``TILES`` gives the same samples,
-    bit for bit, at decoder layer shapes, for convs and transposed convs, split or not.  (Each runs the same
-    mma.sync m16n8k16 chain per output; on the GPU only, as the interpreter's matmul may round by shape.)"""
+def test_output_tiles_and_slices_do_not_change_the_sums(target, dtype, monkeypatch):
+    """What lets a call pick its output tile and slice by size (``_blocks``): every tile of ``TILES``, with slices of
+    32 to 256 reduction elements (to 128 in fp32, where 256 with the largest tile overflows shared memory), gives
+    the same samples, bit for bit, at decoder layer shapes, for convs and transposed convs, split or not.  (Each
+    runs the same mma.sync m16n8k16 chain per output; on the GPU only, as the interpreter's matmul may round by
+    shape.)"""
     fast, device = target
     if device.type != "cuda":
         pytest.skip("a property of the GPU's tensor-core instructions")
-    choose = fast._blocks
     x, _, w, b = _conv_inputs(768, 768, 7, 100, 0, device, dtype, seed=41)
     xt, _, wt, bt = _conv_inputs(1536, 768, 16, 9, 0, device, dtype, seed=42)
     wt = wt.reshape(1536, 768, 16)
     outs = []
     for tile in fast.TILES:
-        for split in (True, False):
+        for reduce in (32, 64, 128, 256) if dtype.itemsize == 2 else (32, 64, 128):
+            for split in (True, False):
 
-            def blocks(c_out, taps, n_out, rows, device, tile=tile):
-                return tile[0], choose(c_out, taps, n_out, rows, device)[1], tile[1], 4
+                def blocks(c_out, taps, n_out, rows, device, tile=tile, reduce=reduce):
+                    return tile[0], max(1, reduce >> (taps - 1).bit_length()), tile[1], 4
 
-            monkeypatch.setattr(fast, "_blocks", blocks)
-            monkeypatch.setattr(fast, "_split", lambda n_groups, tiles, device, split=split: split and n_groups > 1)
-            _poison(device)
-            outs.append(
-                (
-                    fast.conv1d(x, w, b, dilation=3, padding=9, dtype=dtype),
-                    fast.conv1d(x, w[:, :, :1], b, residual=x, dtype=dtype),
-                    fast.conv_transpose1d(xt, wt, bt, stride=8, start=4, length=64, dtype=dtype),
+                monkeypatch.setattr(fast, "_blocks", blocks)
+                monkeypatch.setattr(fast, "_split", lambda n_groups, tiles, device, split=split: split and n_groups > 1)
+                _poison(device)
+                outs.append(
+                    (
+                        fast.conv1d(x, w, b, dilation=3, padding=9, dtype=dtype),
+                        fast.conv1d(x, w[:, :, :1], b, residual=x, dtype=dtype),
+                        fast.conv_transpose1d(xt, wt, bt, stride=8, start=4, length=64, dtype=dtype),
+                    )
                 )
-            )
     for other in outs[1:]:
         for a, ref in zip(other, outs[0]):
             assert not a.isnan().any() and torch.equal(a, ref)

@@ -10,11 +10,12 @@ windows, gets the one-shot decode's samples bit for bit.  (cuDNN picks its algor
 16-bit stream was 56.6 dB from one-shot on an H200.)  A transposed conv runs as ``stride`` phase convs: output
 sample ``u = q s + r`` sums taps ``r + m s`` of inputs ``q - m``.
 
-The reduction is summed in groups of ``GROUP_SLICES`` slices (fixed per layer shape), each from zero, and the
-groups' sums are added in order.  A call with few output tiles (a streaming push) runs the groups of a tile in
-parallel programs and the one that finishes last adds them (split-K, one launch); a long call runs them one
-after another in one program.  Both add the same numbers in the same order, so the split changes the time,
-not the samples.
+The reduction is summed in groups of ``GROUP_REDUCE`` elements, each from zero, and the groups' sums are added
+in order.  A call with few output tiles (a streaming push) runs the groups of a tile in parallel programs and the
+one that finishes last adds them (split-K, one launch); a long call runs them one after another in one program.
+Both add the same numbers in the same order, so the split changes the time, not the samples.  Nor does the slice
+(the elements of one loop step, longer in a call with few tiles): within a group every slice's ``tl.dot``
+continues the one chain of 16-deep products.
 
 A short call (a streaming push, a short decode's first layers) reads dense operands instead of gathering them:
 its input unfolded once into contiguous reduction rows (by ``_unfold``, or by the ``sequence_tail`` that made
@@ -43,8 +44,15 @@ from zonos.utils import tensor_version
 from zonos_accel.triton.snake import snake_fp32
 
 _TL_DTYPES = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
-REDUCE = 64  # reduction elements (input channels × padded taps) per tensor-core step
-GROUP_SLICES = 16  # reduction slices per group (a split-K program's share)
+# Reduction elements (input channels × padded taps) per slice, one loop step of a program: of a call with many
+# output tiles, and of one with few (a streaming push's layers).  Slices of any size chain the same 16-deep products
+# in the same order, so the size changes the time, not the sums (a GPU test checks it).  Long calls spill registers
+# with larger slices (one-shot 0.34 ms/frame at 128 for every call, against 0.038 at 64); the few programs of a
+# short call run fewer, longer steps (2-frame pushes 0.197 ms/frame at 128 against 0.213 at 64; H200,
+# benchmarks/vocoder_profile.py --sweep slices).
+REDUCE = 64
+SHORT_REDUCE = 128
+GROUP_REDUCE = 1024  # reduction elements per group (a split-K program's share); each group's sum starts from zero
 
 
 @triton.jit
@@ -377,13 +385,16 @@ TILES = ((32, 64), (32, 32), (16, 32))
 
 def _blocks(c_out: int, taps: int, n_out: int, rows: int, device: torch.device) -> tuple[int, int, int, int]:
     """(BLOCK_CO, BLOCK_CI, BLOCK_T, warps) of a call with ``n_out`` outputs per channel in ``rows`` batch rows (×
-    phases).  BLOCK_CI, hence the summation order, depends on the layer's taps only.  The output tile is the
-    largest of :data:`TILES` that still gives each SM two programs (a long decode: more reuse of each load), else
-    the smallest (a streaming push: more programs); it changes the time, not the sums (a GPU test checks it)."""
+    phases).  The output tile is the largest of :data:`TILES` that still gives each SM two programs (a long decode:
+    more reuse of each load), else the smallest (a streaming push: more programs), which also takes the longer
+    slices of :data:`SHORT_REDUCE`.  Neither the tile nor the slice changes the sums (a GPU test checks it)."""
     for block_co, block_t in TILES:
         if triton.cdiv(n_out, block_t) * triton.cdiv(c_out, block_co) * rows >= 2 * _sm_count(device):
+            reduce = REDUCE
             break
-    return block_co, max(1, REDUCE // triton.next_power_of_2(taps)), block_t, 4
+    else:
+        reduce = SHORT_REDUCE
+    return block_co, max(1, reduce // triton.next_power_of_2(taps)), block_t, 4
 
 
 @functools.cache
@@ -417,8 +428,11 @@ def _split_buffers(
     return parts, counts
 
 
-def _groups(c_in: int, block_ci: int) -> int:
-    return triton.cdiv(triton.cdiv(c_in, block_ci), GROUP_SLICES)
+def _groups(c_in: int, block_ci: int, taps: int) -> tuple[int, int]:
+    """(groups, slices per group) of a reduction over ``c_in`` channels × ``taps`` padded taps in slices of
+    ``block_ci`` channels: groups of :data:`GROUP_REDUCE` elements, whatever the slice."""
+    group_ci = max(block_ci, GROUP_REDUCE // taps)
+    return triton.cdiv(c_in, group_ci), group_ci // block_ci
 
 
 def _precision(dtype: torch.dtype) -> str:
@@ -564,14 +578,14 @@ def conv1d(
         residual, rh, H_r = out, out, 0
     if out.numel() == 0:
         return out
+    kp = triton.next_power_of_2(k)
     block_co, block_ci, block_t, warps = _blocks(c_out, k, n_out, batch, x.device)
     b_ptr, s_b = _bias_args(bias, weight)
     grid = (triton.cdiv(n_out, block_t), triton.cdiv(c_out, block_co), batch)
-    n_groups = _groups(c_in, block_ci)
+    n_groups, group = _groups(c_in, block_ci, kp)
     split = _split(n_groups, math.prod(grid), x.device)
     parts, counts = _split_buffers(math.prod(grid), n_groups, block_co, block_t, x) if split else (out, out)
     a = weight if alpha is None else alpha.reshape(c_out)
-    kp = triton.next_power_of_2(k)
     dense = k > 1 and _dense(batch, c_in * kp, n_out, dtype)  # kernel-1 inputs are rows already
     if dense:
         x = _unfolded(x, k, kp, dilation, padding, n_out, dtype)
@@ -585,7 +599,7 @@ def conv1d(
         n_groups, *x_args, *w_args, s_b, 0 if alpha is None else a.stride(0),
         *residual.stride(), *rh.stride(), *out.stride(),
         K=k, KP=kp, BLOCK_CO=block_co, BLOCK_CI=block_ci, BLOCK_T=block_t,
-        HAS_BIAS=bias is not None, HAS_RES=rh is not out, TANH=tanh, SNAKE=alpha is not None, GROUP=GROUP_SLICES,
+        HAS_BIAS=bias is not None, HAS_RES=rh is not out, TANH=tanh, SNAKE=alpha is not None, GROUP=group,
         SPLIT=split, COMPUTE=_TL_DTYPES[dtype], PRECISION=_precision(dtype), DENSE=dense, STAGES=DENSE_STAGES,
         num_warps=warps,
         enable_fp_fusion=alpha is None,  # Snake rounded as torch rounds it; the other epilogues as measured
@@ -623,7 +637,7 @@ def conv_transpose1d(
     block_co, block_ci, block_q, warps = _blocks(c_out, mp, n_q, batch * stride, x.device)
     b_ptr, s_b = _bias_args(bias, weight)
     grid = (triton.cdiv(n_q, block_q), triton.cdiv(c_out, block_co), batch * stride)
-    n_groups = _groups(c_in, block_ci)
+    n_groups, group = _groups(c_in, block_ci, mp)
     split = _split(n_groups, math.prod(grid), x.device)
     parts, counts = _split_buffers(math.prod(grid), n_groups, block_co, block_q, x) if split else (out, out)
     dense = _dense(batch, c_in * mp, n_q, dtype)
@@ -638,7 +652,7 @@ def conv_transpose1d(
         c_in, c_out, n_q if dense else n, stride, start, length, q_first, n_q, n_groups,
         *x_args, *w_args, s_b, *out.stride(),
         K=k, MP=mp, BLOCK_CO=block_co, BLOCK_CI=block_ci, BLOCK_Q=block_q,
-        HAS_BIAS=bias is not None, GROUP=GROUP_SLICES, SPLIT=split, COMPUTE=_TL_DTYPES[dtype],
+        HAS_BIAS=bias is not None, GROUP=group, SPLIT=split, COMPUTE=_TL_DTYPES[dtype],
         PRECISION=_precision(dtype), DENSE=dense, STAGES=DENSE_STAGES, num_warps=warps,
     )  # fmt: skip
     return out

@@ -9,12 +9,14 @@ stream). Each row also checks the result against float64, next to cuBLAS's own e
 
 Tables, each printed when done: (1) every projection shape × M ∈ {1, 2, 4, 8}, tuned split; (2) M = 16, past
 the routing limit (MAX_ROWS); (3) every work split of ``candidate_configs``
-(``--sweep fma``) or ``mma_candidates`` (``--sweep mma``) at the ``--sweep-m`` values, instead of (1) and (2),
+(``--sweep fma``), ``mma_candidates`` (``--sweep mma``) or ``occupancy_candidates`` (``--sweep occupancy``) at the
+``--sweep-m`` values and for the ``--shapes`` named (default all), instead of (1) and (2),
 the best one per problem listed for the ``TUNED`` table;
 (4) the projections of one whole decode step (34 Mamba2 + 12 attention layers, M = 2, distinct weights)
 through cuBLAS and ours, against the read floor.
 
-    source .device/activate.sh && python3 benchmarks/gemv.py [--sweep fma|mma] [--sweep-m 1,2,4]
+    source .device/activate.sh && python3 benchmarks/gemv.py [--sweep fma|mma|occupancy] [--sweep-m 1,2,4]
+                                                             [--shapes "mamba in_proj,mlp fc2"]
 """
 
 from __future__ import annotations
@@ -32,7 +34,14 @@ import torch.nn.functional as F
 from gpu import environment, event_times, read_bandwidth_gbs, report
 
 from zonos_accel.gemv import gemv
-from zonos_accel.gemv.config import MmaConfig, candidate_configs, fma_config, gemv_config, mma_candidates
+from zonos_accel.gemv.config import (
+    MmaConfig,
+    candidate_configs,
+    fma_config,
+    gemv_config,
+    mma_candidates,
+    occupancy_candidates,
+)
 
 # Zonos-v0.1-hybrid projections (N, K) and how many a decode step runs.
 SHAPES = {
@@ -136,6 +145,7 @@ def cfg_label(cfg) -> str:
     flags = [f"s{cfg.splits}"] if cfg.splits > 1 else []
     flags += [] if cfg.hoist_loads else ["interleaved"]
     flags += (["nc"] if cfg.stream_loads else []) + (["pdl"] if cfg.pdl else [])
+    flags += [f"min{cfg.min_ctas}"] if cfg.min_ctas else []
     if isinstance(cfg, MmaConfig):
         tile = f"mma t{cfg.tiles}{'h' if cfg.half else ''} k{cfg.ksteps}"
     else:
@@ -177,10 +187,9 @@ def step_table(bw: float, best: dict) -> list:
             lambda w=w, c=no_pdl[nm]: gemv(xs[w.shape[1]], w, config=c) for nm, w in weights
         ],
     }
-    if best:
-        runs["ours (best swept splits)"] = [
-            lambda w=w, c=best[nm]: gemv(xs[w.shape[1]], w, config=c) for nm, w in weights
-        ]
+    if best:  # the shapes not swept keep their tuned split
+        swept = [(best.get(nm), w) for nm, w in weights]
+        runs["ours (best swept splits)"] = [lambda w=w, c=c: gemv(xs[w.shape[1]], w, config=c) for c, w in swept]
     rows = []
     for label, calls in runs.items():
         try:
@@ -214,13 +223,23 @@ def m_values(text: str) -> list[int]:
     return values
 
 
+def shape_names(text: str) -> list[str]:
+    """``--shapes``: comma-separated keys of SHAPES."""
+    names = [name.strip() for name in text.split(",")]
+    unknown = [name for name in names if name not in SHAPES]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown shapes {unknown}; choose from {list(SHAPES)}")
+    return names
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument(
         "--sweep",
-        choices=["fma", "mma"],
+        choices=["fma", "mma", "occupancy"],
         help="instead of tables 1 and 2, time every split of one kernel (candidate_configs: FMA, mma_candidates: "
-        "tensor cores) against the tuned default and list the best per problem",
+        "tensor cores) against the tuned default and list the best per problem; occupancy: the tuned split and "
+        "the FMA v1 r8 split with 4-8 CTAs per SM imposed (occupancy_candidates)",
     )
     ap.add_argument(
         "--sweep-m",
@@ -228,6 +247,12 @@ def main() -> int:
         default=[2],
         help="comma-separated M values to sweep (default 2, the decode with CFG; the step table then adds a row "
         "with M = 2's best splits)",
+    )
+    ap.add_argument(
+        "--shapes",
+        type=shape_names,
+        default=list(SHAPES),
+        help=f"comma-separated projections a sweep times (default all: {', '.join(SHAPES)})",
     )
     args = ap.parse_args()
     start = time.perf_counter()
@@ -253,9 +278,12 @@ def main() -> int:
     best, tuned_lines = {}, []
     for m in args.sweep_m if args.sweep else []:
         rows = []
-        for name, (n, k) in SHAPES.items():
+        for name in args.shapes:
+            n, k = SHAPES[name]
             if args.sweep == "mma":
                 configs = [gemv_config(m, n, k), *mma_candidates(m, n, k)]
+            elif args.sweep == "occupancy":
+                configs = occupancy_candidates(m, n, k)
             else:
                 configs = candidate_configs(m, n, k)
             shape_rows, times = measure(name, n, k, m, configs, bw)

@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 VEC = 8  # 16-bit elements per 128-bit load
 WARP = 32
 NUM_SMS = 132  # H200 SXM
+MAX_THREADS_PER_SM = 2048
 
 MMA_ROWS = 16  # weight rows per mma.m16n8k16 (its M)
 MMA_COLS = 8  # x rows per mma (its N)
@@ -63,6 +64,8 @@ class _Grid:
             raise ValueError(f"{self} for M={m}, N={n}, K={k}: every size must be positive")
         if self.threads > 1024:
             raise ValueError(f"{self}: {self.threads} threads per CTA exceed 1024")
+        if self.min_ctas < 0 or self.min_ctas * self.threads > MAX_THREADS_PER_SM:
+            raise ValueError(f"{self}: {self.min_ctas} CTAs of {self.threads} threads cannot share an SM")
         per_warp = cdiv(cdiv(k // VEC, self.chunk_vecs), self.warps_k)
         if self.splits > per_warp:
             raise ValueError(f"{self}: {self.splits} splits for {per_warp} chunks per warp")
@@ -88,6 +91,8 @@ class FmaConfig(_Grid):
       waits for the previous grid (``griddepcontrol.wait``) before reading x or writing anything, and lets
       the next kernel launch once all its CTAs have issued their loads. Hides the launch gap and tail
       between consecutive kernels, inside CUDA graphs too.
+    - ``min_ctas``: CTAs per SM the compiler must fit (``.minnctapersm``: it caps registers per thread, spilling
+      if it must); 0 leaves registers to the compiler.
     """
 
     vecs: int
@@ -103,6 +108,7 @@ class FmaConfig(_Grid):
     # On by default: the whole-step projections at M = 2 take 0.899 ms with it against 1.045 ms without
     # (cuBLAS 1.245 ms); H200, benchmarks/gemv.py, 2026-11-30.
     pdl: bool = True
+    min_ctas: int = 0
 
     @property
     def chunk_vecs(self) -> int:
@@ -136,7 +142,7 @@ class MmaConfig(_Grid):
 
     ``half``: tiles of 8 weight rows, fed to both halves of the fragment (the second half's sums are
     discarded): twice the warps for the same rows, half the bytes per lane, where 16-row tiles leave too few
-    CTAs without splitting K.
+    CTAs without splitting K. ``min_ctas`` as in :class:`FmaConfig`.
     """
 
     tiles: int
@@ -148,6 +154,7 @@ class MmaConfig(_Grid):
     hoist_loads: bool = True
     stream_loads: bool = True
     pdl: bool = True
+    min_ctas: int = 0
 
     @property
     def tile_rows(self) -> int:
@@ -336,6 +343,17 @@ def mma_candidates(m: int, n: int, k: int) -> list[MmaConfig]:
     ):
         for split_k in (True, False):
             out.append(mma_config(m, n, k, tiles=tiles, ksteps=ksteps, warps_k=warps_k, half=half, split_k=split_k))
+    return _valid(out, m, n, k)
+
+
+def occupancy_candidates(m: int, n: int, k: int) -> list[GemvConfig]:
+    """Splits ``benchmarks/gemv.py --sweep occupancy`` times: the tuned split and the FMA kernel's one-vector,
+    8-row lane tile, each as compiled and with 4-8 CTAs per SM imposed (``min_ctas``). Fewer registers can trade
+    spills for a grid that fills its last wave (in_proj at M = 2: 104 registers, 4 CTAs per SM, 1064 CTAs in 2.02
+    waves; 96 registers give 5 per SM and 1.61 waves)."""
+    out = []
+    for base in (gemv_config(m, n, k), fma_config(m, n, k, vecs=1, rows=8, stream_loads=False)):
+        out += [replace(base, min_ctas=c) for c in (0, 4, 5, 6, 7, 8)]
     return _valid(out, m, n, k)
 
 

@@ -112,15 +112,12 @@ class FmaGemv:
         gX = cute.zipped_divide(cute.make_tensor(x_ptr, cute.make_layout((m, k), stride=(k, 1))), (1, VEC))
         gW = cute.zipped_divide(cute.make_tensor(w_ptr, cute.make_layout((n, k), stride=(k, 1))), (1, VEC))
         mY = cute.make_tensor(y_ptr, cute.make_layout((m, n), stride=(n, 1)))
+        launch = dict(block=[cfg.threads, 1, 1], stream=stream, use_pdl=cfg.pdl, min_blocks_per_mp=cfg.min_ctas)
         if const_expr(cfg.splits == 1):
-            self.gemv_kernel(gX, gW, mY).launch(
-                grid=[self.row_blocks, 1, 1], block=[cfg.threads, 1, 1], stream=stream, use_pdl=cfg.pdl
-            )
+            self.gemv_kernel(gX, gW, mY).launch(grid=[self.row_blocks, 1, 1], **launch)
         else:
             mP = cute.make_tensor(partial_ptr, cute.make_layout((cfg.splits, m, n), stride=(m * n, n, 1)))
-            self.gemv_kernel(gX, gW, mP).launch(
-                grid=[self.row_blocks, cfg.splits, 1], block=[cfg.threads, 1, 1], stream=stream, use_pdl=cfg.pdl
-            )
+            self.gemv_kernel(gX, gW, mP).launch(grid=[self.row_blocks, cfg.splits, 1], **launch)
             self.split_sum_kernel(mP, mY).launch(grid=[cdiv(m * n, 256), 1, 1], block=[256, 1, 1], stream=stream)
 
     # ---------------------------------------------------------------------------------------- kernels

@@ -141,7 +141,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--frames", type=int, default=300, help="frames per request (86 ≈ 1 s)")
     p.add_argument("--reps", type=int, default=10, help="requests per schedule for the TTFA percentiles")
-    p.add_argument("--schedules", default="1x1,1x2,2x4,2x8,2x16,4x16", help="first x steady chunk frames, comma-separated")
+    p.add_argument(
+        "--schedules", default="1x1,1x2,2x4,2x8,2x16,4x16", help="first x steady chunk frames, comma-separated"
+    )
     p.add_argument(
         "--no-accel", action="store_true", help="eager torch ops, no CUDA graphs (default: fast ops + graphs)"
     )

@@ -3,6 +3,7 @@ is missing, and its work split (every weight vector read exactly once, for every
 ones). The kernel itself runs in tests/test_gpu_gemv.py."""
 
 import sys
+from dataclasses import replace
 
 import pytest
 import torch
@@ -24,6 +25,7 @@ from zonos_accel.gemv.config import (
     gemv_config,
     mma_candidates,
     mma_config,
+    occupancy_candidates,
 )
 
 # Zonos-v0.1-hybrid (N, K): Mamba2 in/out, attention qkv/out, MLP fc1/fc2, the 9 heads fused (padded to 9232 rows).
@@ -248,6 +250,23 @@ def test_config_rejects_what_the_kernel_cannot_do():
         mma_config(8, 64, 2048).check(9, 64, 2048)
     with pytest.raises(ValueError, match="2048 threads per CTA exceed 1024"):
         mma_config(2, 64, 2048, ksteps=1, warps_k=64).check(2, 64, 2048)
+    mma = mma_config(2, 8512, 2048, warps_k=8, half=True)  # 256 threads: 8 CTAs fill an SM's 2048 threads
+    replace(mma, min_ctas=8).check(2, 8512, 2048)
+    with pytest.raises(ValueError, match="9 CTAs of 256 threads cannot share an SM"):
+        replace(mma, min_ctas=9).check(2, 8512, 2048)
+    with pytest.raises(ValueError, match="CTAs of 128 threads cannot share an SM"):
+        replace(fma_config(2, 8512, 2048), min_ctas=-1).check(2, 8512, 2048)
+
+
+def test_occupancy_candidates_impose_occupancy_on_the_tuned_and_v1_r8_splits():
+    for m, n, k in ((1, 8512, 2048), (2, 8512, 2048), (4, 2048, 8192)):
+        configs = occupancy_candidates(m, n, k)
+        assert configs[0] == gemv_config(m, n, k)
+        assert {replace(c, min_ctas=0) for c in configs} == {
+            gemv_config(m, n, k),
+            fma_config(m, n, k, vecs=1, rows=8, stream_loads=False),
+        }
+        assert all(c.min_ctas * c.threads <= 2048 for c in configs) and len(set(configs)) == len(configs)
 
 
 def _hopper_ptx(m, n, k, cfg, tmp_path) -> str:

@@ -46,12 +46,12 @@ _NUM_SPECIAL = 4
 PUNCTUATION = ';:,.!?¡¿—…"«»“”() *~-/\\&'
 # ids 80..188, in the vocabulary's order. "'" appears twice (ids 185 and 187, around U+0329 at 186); the later
 # entry wins when the lookup table is built, so an apostrophe always encodes to 187 and row 185 is never used.
-_IPA = (
+_IPA = (  # letters; stress, length and modifier marks; tone arrows; the rest
     "ɑɐɒæɓʙβɔɕçɗɖðʤəɘɚɛɜɝɞɟʄɡɠɢʛɦɧħɥʜɨɪʝɭɬɫɮʟɱɯɰŋɳɲɴøɵɸθœɶʘɹɺɾɻʀʁɽʂʃʈʧʉʊʋⱱʌɣɤʍχʎʏʑʐʒʔʡʕʢǀǁǂǃ"
     "ˈˌːˑʼʴʰʱʲʷˠˤ˞"
     "↓↑→↗↘"
     "'\u0329'ᵻ"
-)
+)  # fmt: skip
 SYMBOLS: tuple[str, ...] = tuple(PUNCTUATION + string.ascii_uppercase + string.ascii_lowercase + _IPA)
 VOCAB_SIZE: int = _NUM_SPECIAL + len(SYMBOLS)  # 189 rows of the phoneme embedding
 # dict() keeps the last value for a repeated key: that is the apostrophe quirk described above.

@@ -348,9 +348,10 @@ def mma_candidates(m: int, n: int, k: int) -> list[MmaConfig]:
 
 def occupancy_candidates(m: int, n: int, k: int) -> list[GemvConfig]:
     """Splits ``benchmarks/gemv.py --sweep occupancy`` times: the tuned split and the FMA kernel's one-vector,
-    8-row lane tile, each as compiled and with 4-8 CTAs per SM imposed (``min_ctas``). Fewer registers can trade
-    spills for a grid that fills its last wave (in_proj at M = 2: 104 registers, 4 CTAs per SM, 1064 CTAs in 2.02
-    waves; 96 registers give 5 per SM and 1.61 waves)."""
+    8-row lane tile, each as compiled and with 4-8 CTAs per SM imposed (``min_ctas``): fewer registers, possibly
+    spilling, for fewer waves. On the H200 it brought the FMA split at in_proj M = 2 from 10.68 to 10.09 µs (104 →
+    96 registers, 2.02 → 1.61 waves), level with the tuned tensor-core split, and no tuned split gained more than
+    2% (docs/BENCHMARKS.md, session 10)."""
     out = []
     for base in (gemv_config(m, n, k), fma_config(m, n, k, vecs=1, rows=8, stream_loads=False)):
         out += [replace(base, min_ctas=c) for c in (0, 4, 5, 6, 7, 8)]

@@ -13,7 +13,11 @@ split-K program), and without the split; ``--sweep slices`` for the reduction el
 (``REDUCE`` in calls with many output tiles, ``SHORT_REDUCE`` with few), which must leave every sample as it
 is; ``--sweep stages`` for the loads a short (dense-operand) call keeps in flight (``DENSE_STAGES``), and with
 every call gathering its operands (``DENSE_BYTES`` = 0).
-``--layers`` lists the GPU time of each conv layer (our kernels), per push and one-shot.
+``--layers`` lists the GPU time of each conv layer (our kernels), per push and one-shot.  ``--ncu-push N`` makes
+one steady push of N frames between ``cudaProfilerStart`` and ``cudaProfilerStop``, for Nsight Compute:
+
+    ncu --clock-control none --profile-from-start off -k regex:_conv --section SpeedOfLight \
+        --section WarpStateStats --csv --page details python3 benchmarks/vocoder_profile.py --ncu-push 2
 """
 
 from __future__ import annotations
@@ -266,11 +270,29 @@ def main() -> None:
         help="time every configuration of SWEEP (tiles), GROUP_SWEEP, STAGE_SWEEP or SLICE_SWEEP instead",
     )
     p.add_argument("--layers", action="store_true", help="GPU time of each conv layer instead of kernel groups")
+    p.add_argument(
+        "--ncu-push",
+        type=int,
+        metavar="FRAMES",
+        help="only make one steady push of FRAMES frames inside cudaProfilerStart/Stop (run under ncu "
+        "--profile-from-start off)",
+    )
     args = p.parse_args()
+    if args.ncu_push is not None and args.ncu_push < 1:
+        p.error(f"--ncu-push takes a positive frame count, got {args.ncu_push}")
 
     torch.manual_seed(0)
     codec = DACAutoencoder(DACConfig(), device="cuda")
     enable_triton_ops()
+    if args.ncu_push:
+        steady, _ = steady_pushes(codec, args.ncu_push, 1)
+        steady()  # the graphs are captured and warm: the profiled push is a replay like any steady one
+        torch.cuda.synchronize()
+        torch.cuda.cudart().cudaProfilerStart()
+        steady()
+        torch.cuda.synchronize()
+        torch.cuda.cudart().cudaProfilerStop()
+        return
     if args.sweep:
         sweeps = {"tiles": sweep_tiles, "groups": sweep_groups, "stages": sweep_stages, "slices": sweep_slices}
         sweeps[args.sweep](codec, args.chunks)

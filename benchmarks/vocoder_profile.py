@@ -16,7 +16,7 @@ every call gathering its operands (``DENSE_BYTES`` = 0).
 ``--layers`` lists the GPU time of each conv layer (our kernels), per push and one-shot.  ``--ncu-push N`` makes
 one steady push of N frames between ``cudaProfilerStart`` and ``cudaProfilerStop``, for Nsight Compute:
 
-    ncu --clock-control none --profile-from-start off -k regex:_conv --section SpeedOfLight \
+    ncu --clock-control none --profile-from-start off -k regex:_conv --section SpeedOfLight \\
         --section WarpStateStats --csv --page details python3 benchmarks/vocoder_profile.py --ncu-push 2
 """
 

@@ -8,15 +8,15 @@ bandwidth measured in this run (a sum over 4 GiB). A time below what the bytes a
 stream). Each row also checks the result against float64, next to cuBLAS's own error.
 
 Tables, each printed when done: (1) every projection shape × M ∈ {1, 2, 4, 8}, tuned split; (2) M = 16, past
-the routing limit (MAX_ROWS); (3) every work split of ``candidate_configs``
-(``--sweep fma``), ``mma_candidates`` (``--sweep mma``) or ``occupancy_candidates`` (``--sweep occupancy``) at the
-``--sweep-m`` values and for the ``--shapes`` named (default all), instead of (1) and (2),
-the best one per problem listed for the ``TUNED`` table;
+the routing limit (MAX_ROWS); (3) every work split of ``candidate_configs`` (``--sweep fma``), ``mma_candidates``
+(``--sweep mma``), ``occupancy_candidates`` (``--sweep occupancy``) or ``warps_candidates`` (``--sweep warps``) at
+the ``--sweep-m`` values and for the ``--shapes`` named (default all), instead of (1) and (2), the best one per
+problem listed for the ``TUNED`` table;
 (4) the projections of one whole decode step (34 Mamba2 + 12 attention layers, M = 2, distinct weights)
 through cuBLAS and ours, against the read floor.
 
-    source .device/activate.sh && python3 benchmarks/gemv.py [--sweep fma|mma|occupancy] [--sweep-m 1,2,4]
-                                                             [--shapes "mamba in_proj,mlp fc2"]
+    source .device/activate.sh && python3 benchmarks/gemv.py [--sweep fma|mma|occupancy|warps] [--sweep-m 1,2,4]
+                                                                   [--shapes "mamba in_proj,mlp fc2"]
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ from zonos_accel.gemv.config import (
     gemv_config,
     mma_candidates,
     occupancy_candidates,
+    warps_candidates,
 )
 
 # Zonos-v0.1-hybrid projections (N, K) and how many a decode step runs.
@@ -236,10 +237,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument(
         "--sweep",
-        choices=["fma", "mma", "occupancy"],
+        choices=["fma", "mma", "occupancy", "warps"],
         help="instead of tables 1 and 2, time every split of one kernel (candidate_configs: FMA, mma_candidates: "
         "tensor cores) against the tuned default and list the best per problem; occupancy: the tuned split and "
-        "the FMA v1 r8 split with 4-8 CTAs per SM imposed (occupancy_candidates)",
+        "the FMA v1 r8 split with 4-8 CTAs per SM imposed (occupancy_candidates); warps: the tuned split and the FMA "
+        "v1 r8 and v2 r4 splits with up to 1, 2 or 4 warps along K (warps_candidates)",
     )
     ap.add_argument(
         "--sweep-m",
@@ -284,6 +286,8 @@ def main() -> int:
                 configs = [gemv_config(m, n, k), *mma_candidates(m, n, k)]
             elif args.sweep == "occupancy":
                 configs = occupancy_candidates(m, n, k)
+            elif args.sweep == "warps":
+                configs = warps_candidates(m, n, k)
             else:
                 configs = candidate_configs(m, n, k)
             shape_rows, times = measure(name, n, k, m, configs, bw)

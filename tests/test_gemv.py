@@ -15,6 +15,7 @@ from zonos.ops.linear import linear as reference_linear
 from zonos_accel.gemv.config import (
     MAX_ROWS,
     MMA_LANES_K,
+    TUNED,
     VEC,
     WARP,
     FmaConfig,
@@ -26,6 +27,7 @@ from zonos_accel.gemv.config import (
     mma_candidates,
     mma_config,
     occupancy_candidates,
+    warps_candidates,
 )
 
 # Zonos-v0.1-hybrid (N, K): Mamba2 in/out, attention qkv/out, MLP fc1/fc2, the 9 heads fused (padded to 9232 rows).
@@ -151,6 +153,7 @@ def _split_cases():
         for m in (1, 2, 4):
             yield m, n, k, gemv_config(m, n, k)
             yield from ((m, n, k, cfg) for cfg in candidate_configs(m, n, k) + mma_candidates(m, n, k))
+            yield from ((m, n, k, cfg) for cfg in warps_candidates(m, n, k))
     for n, k in RAGGED_SHAPES + [(3072, 2048)]:
         for m in (1, 2, 3, 8, 16):
             yield m, n, k, gemv_config(m, n, k)
@@ -267,6 +270,22 @@ def test_occupancy_candidates_impose_occupancy_on_the_tuned_and_v1_r8_splits():
             fma_config(m, n, k, vecs=1, rows=8, stream_loads=False),
         }
         assert all(c.min_ctas * c.threads <= 2048 for c in configs) and len(set(configs)) == len(configs)
+
+
+def test_warps_candidates_cap_the_warps_along_k():
+    for m, n, k in ((1, 8512, 2048), (2, 3072, 2048), (4, 2048, 8192), (2, 1000, 2056)):
+        configs = warps_candidates(m, n, k)
+        assert configs[0] == gemv_config(m, n, k) and len(set(configs)) == len(configs)
+        fma = [c for c in configs[1:] if isinstance(c, FmaConfig)]
+        assert {c.warps_k for c in fma} >= {1, 2} and all(not c.stream_loads for c in fma)
+
+
+def test_a_pinned_fma_split_may_cap_the_warps_along_k(monkeypatch):
+    monkeypatch.setitem(TUNED, (2, 3072, 2048), ("fma", 2, 4, False, 2))
+    cfg = gemv_config(2, 3072, 2048)
+    assert cfg == fma_config(2, 3072, 2048, vecs=2, rows=4, stream_loads=False, max_warps_k=2) and cfg.warps_k == 2
+    monkeypatch.setitem(TUNED, (2, 3072, 2048), ("fma", 2, 4, False))
+    assert gemv_config(2, 3072, 2048).warps_k == 4
 
 
 def _hopper_ptx(m, n, k, cfg, tmp_path) -> str:

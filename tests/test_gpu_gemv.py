@@ -10,7 +10,13 @@ import torch
 import torch.nn.functional as F
 
 import zonos.ops
-from zonos_accel.gemv.config import candidate_configs, mma_candidates, mma_config, occupancy_candidates
+from zonos_accel.gemv.config import (
+    candidate_configs,
+    mma_candidates,
+    mma_config,
+    occupancy_candidates,
+    warps_candidates,
+)
 
 HAVE_CUTLASS = importlib.util.find_spec("cutlass") is not None
 
@@ -100,6 +106,15 @@ def test_every_benchmarked_tensor_core_split(n, k, m):
 def test_every_occupancy_split(n, k, m):
     """Splits compiled to fit 4-8 CTAs per SM (``min_ctas``), some spilling registers, still compute the product."""
     for config in occupancy_candidates(m, n, k):
+        _check(m, n, k, config=config)
+
+
+@pytest.mark.parametrize("m", [1, 2, 4])
+@pytest.mark.parametrize("n,k", [(8512, 2048), (3072, 2048), (2048, 8192), (1000, 2056)])
+@gpu
+def test_every_warps_split(n, k, m):
+    """Splits with 1 or 2 warps along K (more iterations per warp) compute the product."""
+    for config in warps_candidates(m, n, k):
         _check(m, n, k, config=config)
 
 

@@ -208,30 +208,31 @@ def lane_tile(m: int) -> tuple[int, int]:
     return (1, 4) if m <= 8 else (1, 2)
 
 
-# Pinned splits (M, N, K) → ("fma", vecs, rows, stream_loads) or ("mma", tiles, ksteps, warps_k, half, split_k): the
-# fastest split in `benchmarks/gemv.py --sweep fma --sweep-m 1,2,4` and `--sweep mma` (H200, 2026-11-30; µs per
+# Pinned splits (M, N, K) → ("fma", vecs, rows, stream_loads[, max_warps_k]) or ("mma", tiles, ksteps, warps_k, half,
+# split_k): the fastest split in `benchmarks/gemv.py --sweep fma|mma|warps --sweep-m 1,2,4` (H200, 2026-11-30; µs per
 # call, cold weights, graph replay; cuBLAS in brackets). M = 2 is the decode step (batch 1 with CFG); M = 1 and 4
 # are batch 1 without CFG and batch 2 with it. The tensor-core kernel wins where the FMA kernel's arithmetic
 # shows (M = 4, many rows); the FMA kernel's 512-byte row runs win where it does not. Streaming loads help the
-# K = 2048 shapes with many rows and hurt the (2, 4) tile at K ≥ 4096 at M = 2 (out_proj 6.78 vs 5.14 µs).
+# K = 2048 shapes with many rows and hurt the (2, 4) tile at K ≥ 4096 at M = 2 (out_proj 6.78 vs 5.14 µs). Capping
+# the warps along K (fewer, longer-running CTAs) won at qkv and at fc1 M = 2 in two runs of session 11.
 TUNED: dict[tuple[int, int, int], tuple] = {
     (1, 8512, 2048): ("fma", 1, 8, False),  # Mamba2 in_proj: 8.83 (11.36)
     (1, 2048, 4096): ("fma", 2, 4, False),  # Mamba2 out_proj: 5.06 (9.40)
-    (1, 3072, 2048): ("fma", 1, 8, False),  # attention qkv: 4.12 (6.49)
+    (1, 3072, 2048): ("fma", 2, 4, False, 2),  # attention qkv: 4.05 (6.52; v1 r8 4.15)
     (1, 2048, 2048): ("fma", 8, 1, False),  # attention out: 3.45 (6.05)
     (1, 16384, 2048): ("fma", 2, 4, False),  # MLP fc1: 17.19 (18.99)
     (1, 2048, 8192): ("fma", 4, 2, False),  # MLP fc2: 9.70 (14.17)
     (1, 9232, 2048): ("fma", 1, 8, False),  # the 9 heads, stacked and padded: 9.88 (13.48)
     (2, 8512, 2048): ("mma", 1, 4, 8, True, True),  # Mamba2 in_proj: 9.97 (11.75; FMA 10.30)
     (2, 2048, 4096): ("fma", 2, 4, False),  # Mamba2 out_proj: 5.14 (9.61)
-    (2, 3072, 2048): ("fma", 1, 8, False),  # attention qkv: 4.22 (6.48)
+    (2, 3072, 2048): ("fma", 2, 4, False, 2),  # attention qkv: 4.14 (6.52; v1 r8 4.25)
     (2, 2048, 2048): ("fma", 2, 4, False),  # attention out: 3.58 (6.07)
-    (2, 16384, 2048): ("mma", 1, 4, 16, True, True),  # MLP fc1: 17.93 (19.05; FMA 18.21 in the same run)
+    (2, 16384, 2048): ("fma", 2, 4, False, 1),  # MLP fc1: 17.32 (19.05; tensor cores 17.93)
     (2, 2048, 8192): ("fma", 2, 4, False),  # MLP fc2: 9.25 (13.81)
     (2, 9232, 2048): ("mma", 1, 4, 8, True, True),  # the 9 heads: 10.74 (13.36; FMA 10.86)
     (4, 8512, 2048): ("mma", 1, 4, 8, True, True),  # Mamba2 in_proj: 9.93 (11.81; FMA 12.68)
     (4, 2048, 4096): ("mma", 1, 4, 16, True, False),  # Mamba2 out_proj: 6.17 (9.41; FMA 6.73)
-    (4, 3072, 2048): ("mma", 1, 8, 8, True, True),  # attention qkv: 4.71 (6.51; FMA 4.99)
+    (4, 3072, 2048): ("fma", 2, 4, False, 2),  # attention qkv: 4.59 (6.53; tensor cores 4.75)
     (4, 2048, 2048): ("mma", 1, 4, 16, True, True),  # attention out: 3.80 (6.09; FMA 4.12)
     (4, 16384, 2048): ("mma", 1, 4, 8, True, True),  # MLP fc1: 17.62 (19.01; FMA 21.86)
     (4, 2048, 8192): ("mma", 1, 4, 16, True, False),  # MLP fc2: 10.41 (14.17; FMA 10.84)
@@ -258,17 +259,26 @@ def gemv_config(m: int, n: int, k: int) -> GemvConfig:
     if kind == "mma":
         tiles, ksteps, warps_k, half, split_k = tile
         return mma_config(m, n, k, tiles=tiles, ksteps=ksteps, warps_k=warps_k, half=half, split_k=split_k)
-    vecs, rows, stream_loads = tile
-    return fma_config(m, n, k, vecs=vecs, rows=rows, stream_loads=stream_loads)
+    vecs, rows, stream_loads, *max_warps_k = tile
+    return fma_config(
+        m, n, k, vecs=vecs, rows=rows, stream_loads=stream_loads, max_warps_k=(*max_warps_k, MAX_WARPS_K)[0]
+    )
 
 
 def fma_config(
-    m: int, n: int, k: int, vecs: int | None = None, rows: int | None = None, stream_loads: bool = True
+    m: int,
+    n: int,
+    k: int,
+    vecs: int | None = None,
+    rows: int | None = None,
+    stream_loads: bool = True,
+    max_warps_k: int = MAX_WARPS_K,
 ) -> FmaConfig:
-    """The FMA kernel's split with ``vecs`` × ``rows`` weight vectors per lane (default: :data:`LANE_TILES`)."""
+    """The FMA kernel's split with ``vecs`` × ``rows`` weight vectors per lane (default: :data:`LANE_TILES`), up to
+    ``max_warps_k`` warps along K."""
     tile = lane_tile(m)
     vecs, rows = vecs or tile[0], rows or tile[1]
-    warps_k, warps_n, splits = _grid_shape(n, k, rows, WARP * vecs, MAX_WARPS_K)
+    warps_k, warps_n, splits = _grid_shape(n, k, rows, WARP * vecs, max_warps_k)
     return FmaConfig(vecs=vecs, rows=rows, warps_k=warps_k, warps_n=warps_n, splits=splits, stream_loads=stream_loads)
 
 
@@ -355,6 +365,17 @@ def occupancy_candidates(m: int, n: int, k: int) -> list[GemvConfig]:
     out = []
     for base in (gemv_config(m, n, k), fma_config(m, n, k, vecs=1, rows=8, stream_loads=False)):
         out += [replace(base, min_ctas=c) for c in (0, 4, 5, 6, 7, 8)]
+    return _valid(out, m, n, k)
+
+
+def warps_candidates(m: int, n: int, k: int) -> list[GemvConfig]:
+    """Splits ``benchmarks/gemv.py --sweep warps`` times: the tuned split, then the FMA lane tiles of 8 weight vectors
+    (v1 r8, v2 r4; plain loads) with up to 1, 2 or 4 warps along K. Fewer warps along K make fewer CTAs that each
+    walk more of K, more of them resident at once."""
+    out = [gemv_config(m, n, k)]
+    for vecs, rows in ((1, 8), (2, 4)):
+        for max_warps_k in (1, 2, 4):
+            out.append(fma_config(m, n, k, vecs=vecs, rows=rows, stream_loads=False, max_warps_k=max_warps_k))
     return _valid(out, m, n, k)
 
 

@@ -16,7 +16,7 @@ problem listed for the ``TUNED`` table;
 through cuBLAS and ours, against the read floor.
 
     source .device/activate.sh && python3 benchmarks/gemv.py [--sweep fma|mma|occupancy|warps] [--sweep-m 1,2,4]
-                                                                   [--shapes "mamba in_proj,mlp fc2"]
+                                                             [--shapes "mamba in_proj,mlp fc2"]
 """
 
 from __future__ import annotations

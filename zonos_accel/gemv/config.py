@@ -259,10 +259,9 @@ def gemv_config(m: int, n: int, k: int) -> GemvConfig:
     if kind == "mma":
         tiles, ksteps, warps_k, half, split_k = tile
         return mma_config(m, n, k, tiles=tiles, ksteps=ksteps, warps_k=warps_k, half=half, split_k=split_k)
-    vecs, rows, stream_loads, *max_warps_k = tile
-    return fma_config(
-        m, n, k, vecs=vecs, rows=rows, stream_loads=stream_loads, max_warps_k=(*max_warps_k, MAX_WARPS_K)[0]
-    )
+    vecs, rows, stream_loads, *cap = tile
+    max_warps_k = cap[0] if cap else MAX_WARPS_K
+    return fma_config(m, n, k, vecs=vecs, rows=rows, stream_loads=stream_loads, max_warps_k=max_warps_k)
 
 
 def fma_config(

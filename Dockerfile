@@ -5,8 +5,9 @@
 #   open http://localhost:7860
 #
 # Weights are downloaded from the Hugging Face Hub on first start into the mounted cache (a few GB: the
-# hybrid, the DAC codec, and the speaker model once a voice is cloned). Arguments after the image name replace the default command's
-# flags, e.g. `docker run ... zonos-accel python gradio_interface.py --host 0.0.0.0 --model Zyphra/Zonos-v0.1-transformer`.
+# hybrid, the DAC codec, and the speaker model once a voice is cloned). Arguments after the image name replace the
+# default command, e.g. `docker run ... zonos-accel python gradio_interface.py --host 0.0.0.0 --model
+# Zyphra/Zonos-v0.1-transformer`.
 # The host needs the NVIDIA Container Toolkit and a driver for CUDA 12.8 (R570 or newer).
 
 # Any pytorch/pytorch CUDA 12.x *runtime* tag works (torch >= 2.4); no CUDA code is compiled at build time.

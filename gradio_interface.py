@@ -33,6 +33,7 @@ except ImportError:  # pragma: no cover - exercised only without the demo extra
 
 from zonos.conditioning import make_cond_dict, normalize_language, supported_language_codes
 from zonos.model import DEFAULT_CHUNK_FRAMES, DEFAULT_FIRST_CHUNK_FRAMES, Zonos
+from zonos.utils import HelpFormatter
 
 __all__ = [
     "DEFAULT_MODELS",
@@ -429,21 +430,12 @@ class ModelCache:
             return self._model
 
 
-class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Shows defaults, except the uninformative None and False ones (their help says what happens)."""
-
-    def _get_help_string(self, action: argparse.Action) -> str | None:
-        if action.default in (None, False):
-            return action.help
-        return super()._get_help_string(action)
-
-
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """The command line (see ``python gradio_interface.py --help``)."""
     p = argparse.ArgumentParser(
         description="Serve a streaming Zonos text-to-speech web demo (Gradio). Audio plays while it is "
         "generated; the page shows the time to first audio.",
-        formatter_class=_HelpFormatter,
+        formatter_class=HelpFormatter,
     )
     p.add_argument(
         "--model",
@@ -478,7 +470,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--no-warmup",
         action="store_true",
         help="skip the warm-up after each model load (on CUDA it compiles kernels and captures graphs up front, "
-        "~40 s the first time on a machine, ~2 s once the kernel caches are warm)",
+        "~40 s the first time on a machine, ~7 s once the kernel caches are warm: every prefill length is captured)",
     )
     args = p.parse_args(argv)
     args.model = args.model or list(DEFAULT_MODELS)

@@ -90,9 +90,9 @@ def child(args: argparse.Namespace) -> None:
         dtype = torch.bfloat16
     suppress_eos(model)
     if accel:
-        model.use_accelerators(cute_gemv=args.cute_gemv or None)  # what from_local does (defaults: all on)
+        model.use_accelerators(use_cute_gemv=args.cute_gemv or None)  # what from_local does (defaults: all on)
     else:
-        model.use_accelerators(fast_ops=False, cuda_graphs=False, cute_gemv=False)
+        model.use_accelerators(fast_ops=False, cuda_graphs=False, use_cute_gemv=False)
     sync()
     stamps["ready"] = time.perf_counter()
 

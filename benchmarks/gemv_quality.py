@@ -7,7 +7,7 @@ Zonos-v0.1-hybrid with random bf16 weights (``benchmarks/common.py: random_model
 runs the model's own ``_prefill`` and then ``_step`` on the same input column at every step whatever it
 predicts (no sampling), on a freshly allocated inference state, eagerly (CUDA graphs off: a replay runs the
 same kernels, so the same numbers), with the same op backend (``--ops``, default the Triton fast paths).
-Arms: cuBLAS (flag off), the CuTeDSL GEMV (``use_accelerators(cute_gemv=True)``; prefill stays on cuBLAS
+Arms: cuBLAS (flag off), the CuTeDSL GEMV (``use_accelerators(use_cute_gemv=True)``; prefill stays on cuBLAS
 except the heads' M = 2 product of the last position), cuBLAS again after it (run-to-run noise and that
 switching back restores the path), and the same weights in float32 with the torch ops (the reference the
 two bf16 paths are both rounded away from). All bf16 arms use one model, so their weights are identical.
@@ -170,12 +170,12 @@ def main() -> int:
     fast = on_cuda and args.ops == "triton"
     gemv_on = not smoke  # the smoke test runs the flag off in both arms
     arms = {
-        "base": (model, dict(fast_ops=fast, cute_gemv=False)),
-        "gemv": (model, dict(fast_ops=fast, cute_gemv=gemv_on)),
-        "base2": (model, dict(fast_ops=fast, cute_gemv=False)),
+        "base": (model, dict(fast_ops=fast, use_cute_gemv=False)),
+        "gemv": (model, dict(fast_ops=fast, use_cute_gemv=gemv_on)),
+        "base2": (model, dict(fast_ops=fast, use_cute_gemv=False)),
     }
     if reference is not None:
-        arms["fp32"] = (reference, dict(fast_ops=False, cute_gemv=False))
+        arms["fp32"] = (reference, dict(fast_ops=False, use_cute_gemv=False))
     logits = {}
     for name, (m, flags) in arms.items():
         t0 = time.perf_counter()
@@ -184,7 +184,7 @@ def main() -> int:
         if on_cuda:
             torch.cuda.synchronize()
         print(f"arm {name} ({flags}): {time.perf_counter() - t0:.1f} s", flush=True)
-    model.use_accelerators(cuda_graphs=False, fast_ops=fast, cute_gemv=False)
+    model.use_accelerators(cuda_graphs=False, fast_ops=fast, use_cute_gemv=False)
 
     gemv_label = "B" if smoke else "GEMV"
     base_label = "A" if smoke else "cuBLAS"

@@ -234,3 +234,33 @@ def test_embeddings_run_as_one_table(tmp_path, codec):
     model.load_state_dict(state)
     assert torch.equal(model.embeddings_weight[1026:2052], state["embeddings.1.weight"])
     torch.testing.assert_close(model.embed_codes(codes), separate(codes), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["./no-such-dir", "/no/such/dir", "~/no-such-zonos", "a/b/c"])
+def test_a_missing_local_directory_is_named_not_sent_to_the_hub(name, codec):
+    with pytest.raises(FileNotFoundError, match="does not exist: pass a local directory holding"):
+        Zonos.from_pretrained(name, device="cpu", autoencoder=codec)
+
+
+def test_a_file_or_an_invalid_repo_id_is_named(tmp_path, codec):
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    with pytest.raises(FileNotFoundError, match="is a file, not a directory"):
+        Zonos.from_pretrained(str(tmp_path / "model.safetensors"), device="cpu", autoencoder=codec)
+    with pytest.raises(FileNotFoundError, match="neither a local directory nor a valid Hugging Face repo id"):
+        Zonos.from_pretrained("not a repo id!", device="cpu", autoencoder=codec)
+
+
+def test_missing_fast_op_packages_on_cuda_warn_unless_asked_for(tiny, monkeypatch):
+    """Left at the default on CUDA, Triton ops that cannot be imported fall back to the torch ops with a warning
+    that says how to install them; asked for explicitly, the ImportError stands."""
+    import zonos_accel.triton as fast  # imports no GPU package
+
+    def missing(*args, **kwargs):
+        raise ImportError("No module named 'mamba_ssm'")
+
+    monkeypatch.setattr(type(tiny), "device", property(lambda self: torch.device("cuda")))
+    monkeypatch.setattr(fast, "enable_triton_ops", missing)
+    with pytest.warns(UserWarning, match=r"Triton fast ops are off \(No module named 'mamba_ssm'\).*\.\[gpu\]"):
+        tiny.use_accelerators(cuda_graphs=False)
+    with pytest.raises(ImportError, match="mamba_ssm"):
+        tiny.use_accelerators(fast_ops=True, cuda_graphs=False)

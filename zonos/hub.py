@@ -20,7 +20,7 @@ def resolve_file(
 
     Raises :class:`CheckpointNotAvailableError` naming the file and how to get it onto this machine.
     """
-    local = Path(repo_or_dir)
+    local = Path(repo_or_dir).expanduser()
     if local.is_dir():
         path = local / filename
         if not path.is_file():
@@ -28,13 +28,24 @@ def resolve_file(
                 f"{local} has no {filename}; download the repo into it with `hf download <repo id> --local-dir {local}`"
             )
         return path
+    repo_id = str(repo_or_dir)
+    if _looks_like_path(repo_id):
+        what = "is a file, not a directory" if local.exists() else "does not exist"
+        raise CheckpointNotAvailableError(
+            f"{repo_id} {what}: pass a local directory holding the checkpoint's files ({filename} among them), or a "
+            "Hugging Face repo id such as Zyphra/Zonos-v0.1-hybrid"
+        )
 
     from huggingface_hub import hf_hub_download
-    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, OfflineModeIsEnabled
+    from huggingface_hub.errors import HfHubHTTPError, HFValidationError, LocalEntryNotFoundError, OfflineModeIsEnabled
 
-    repo_id = str(repo_or_dir)
     try:
         return Path(hf_hub_download(repo_id, filename, revision=revision, cache_dir=cache_dir))
+    except HFValidationError as e:
+        raise CheckpointNotAvailableError(
+            f"{repo_id!r} is neither a local directory nor a valid Hugging Face repo id (namespace/name, such as "
+            f"Zyphra/Zonos-v0.1-hybrid): {e}"
+        ) from e
     except (LocalEntryNotFoundError, OfflineModeIsEnabled, HfHubHTTPError, OSError) as e:
         where = f" at {cache_dir}" if cache_dir else ""
         raise CheckpointNotAvailableError(
@@ -45,3 +56,10 @@ def resolve_file(
             f"HF_HUB_OFFLINE if you are online; or download with `--local-dir DIR` and pass DIR instead of "
             f"{repo_id!r} (from_pretrained(DIR) or from_local)."
         ) from e
+
+
+def _looks_like_path(name: str) -> bool:
+    """A local path rather than a repo id (``namespace/name``): relative or absolute, home-relative, an existing
+    file, or more than one directory level."""
+    windows = os.sep != "/" and os.sep in name
+    return name.startswith((".", "/", "~")) or Path(name).exists() or name.count("/") > 1 or windows

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+import warnings
 from collections import deque
 from collections.abc import Callable, Iterator
 
@@ -17,6 +18,7 @@ from zonos import ops
 from zonos.backbone import InferenceState, ZonosBackbone
 from zonos.checkpoint import check_state_dict
 from zonos.codebook_pattern import apply_delay_pattern, revert_delay_pattern
+from zonos.codec.autoencoder import DACAutoencoder
 from zonos.codec.streaming import StreamingDACDecoder
 from zonos.conditioning import PrefixConditioner
 from zonos.config import ZonosConfig
@@ -48,7 +50,7 @@ class Zonos(nn.Module):
     ``descript/dac_44khz`` unless one is given.
     """
 
-    def __init__(self, config: ZonosConfig, autoencoder=None, max_seqlen: int = 4096):
+    def __init__(self, config: ZonosConfig, autoencoder: DACAutoencoder | None = None, max_seqlen: int = 4096):
         super().__init__()
         self.config = config
         d = config.backbone.d_model
@@ -136,19 +138,20 @@ class Zonos(nn.Module):
                 state[key] = f.get_tensor(key)
         model.load_checkpoint(state, device=device, dtype=dtype)
         model.eval()
-        model.use_accelerators(fast_ops=fast_ops, cuda_graphs=cuda_graphs, cute_gemv=use_cute_gemv)
+        model.use_accelerators(fast_ops=fast_ops, cuda_graphs=cuda_graphs, use_cute_gemv=use_cute_gemv)
         return model
 
     def use_accelerators(
-        self, fast_ops: bool | None = None, cuda_graphs: bool | None = None, cute_gemv: bool | None = None
+        self, fast_ops: bool | None = None, cuda_graphs: bool | None = None, use_cute_gemv: bool | None = None
     ) -> None:
-        """Switch GPU fast paths on or off (None: on where the device and installed packages allow; the
-        CuTeDSL GEMV stays off unless asked for). Changing them after graphs were captured recaptures.
+        """Switch GPU fast paths on or off (None: on where the device and installed packages allow, with a warning
+        on CUDA when the Triton ops' packages are missing; the CuTeDSL GEMV stays off unless asked for). Changing
+        them after graphs were captured recaptures.
 
-        Asking for one the machine cannot run raises an error naming what is missing.
+        Asking for one (True) that the machine cannot run raises an error naming what is missing.
         """
         on_cuda = self.device.type == "cuda"
-        for name, wanted in (("fast_ops", fast_ops), ("cuda_graphs", cuda_graphs), ("use_cute_gemv", cute_gemv)):
+        for name, wanted in (("fast_ops", fast_ops), ("cuda_graphs", cuda_graphs), ("use_cute_gemv", use_cute_gemv)):
             if wanted and not on_cuda:
                 raise ValueError(f"{name}=True needs the model on a CUDA device; it is on {self.device}")
         if fast_ops or (fast_ops is None and on_cuda):
@@ -156,17 +159,23 @@ class Zonos(nn.Module):
 
             try:
                 enable_triton_ops()
-            except ImportError:
+            except ImportError as err:
                 disable_triton_ops()
                 if fast_ops:
                     raise
+                warnings.warn(
+                    f"the Triton fast ops are off ({err}), so the decode runs on the torch reference ops, about 3x "
+                    "slower on a GPU; install them with `pip install -e '.[gpu]'`, or pass fast_ops=False to silence "
+                    "this",
+                    stacklevel=2,
+                )
         elif fast_ops is False and "zonos_accel.triton" in sys.modules:
             sys.modules["zonos_accel.triton"].disable_triton_ops()
-        if cute_gemv:
+        if use_cute_gemv:
             from zonos_accel.gemv import enable_cute_gemv
 
             enable_cute_gemv()
-        elif cute_gemv is False and "zonos_accel.gemv" in sys.modules:
+        elif use_cute_gemv is False and "zonos_accel.gemv" in sys.modules:
             sys.modules["zonos_accel.gemv"].disable_cute_gemv()
         if cuda_graphs or (cuda_graphs is None and on_cuda):
             from zonos_accel.graph import enable_cuda_graphs
@@ -203,27 +212,28 @@ class Zonos(nn.Module):
 
     @property
     def device(self) -> torch.device:
+        """Where the model's weights are."""
         return self.norm_weight.device
 
     @property
     def dtype(self) -> torch.dtype:
+        """The weights' floating dtype (bf16 on a GPU, fp32 on the CPU by default)."""
         return self.norm_weight.dtype
 
     @property
     def norm_weight(self) -> torch.Tensor:
+        """The backbone's final norm weight (what :attr:`device` and :attr:`dtype` read)."""
         return self.backbone.norm_f.weight
 
     @property
-    def autoencoder(self):
+    def autoencoder(self) -> DACAutoencoder:
         """The DAC codec (``decode(codes)``, ``encode(wav)``, ``preprocess(wav, sr)``, ``sampling_rate``)."""
         if self._autoencoder is None:
-            from zonos.codec import DACAutoencoder
-
             self._autoencoder = DACAutoencoder.from_pretrained(DEFAULT_CODEC, device=self.device)
         return self._autoencoder
 
     @autoencoder.setter
-    def autoencoder(self, value) -> None:
+    def autoencoder(self, value: DACAutoencoder | None) -> None:
         self._autoencoder = value
 
     # ------------------------------------------------------------------------------------ conditioning
@@ -333,10 +343,13 @@ class Zonos(nn.Module):
             )
         halves = 2 if cfg_scale != 1.0 else 1
         if prefix.shape[0] not in (halves, halves * batch_size) and not (halves == 1 and prefix.shape[0] == 2):
+            allowed = f"{halves} (shared by the batch)"
+            if batch_size > 1:
+                allowed += f" or {halves * batch_size} (cond rows, then uncond rows)"
             raise ValueError(
                 f"prefix_conditioning has batch {prefix.shape[0]}; with cfg_scale={cfg_scale} and "
-                f"batch_size={batch_size} it must be {halves} (shared by the batch) or {halves * batch_size} "
-                "(cond rows, then uncond rows)"
+                f"batch_size={batch_size} it must be {allowed}. Pass what prepare_conditioning returns (one cond "
+                "and one uncond row per make_cond_dict)"
             )
         if audio_prefix_codes is not None:
             a = audio_prefix_codes
@@ -540,7 +553,7 @@ class Zonos(nn.Module):
     ) -> float:
         """Pay now, behind a progress bar, what the first request would pay: two short streamed requests on
         random conditioning of ``prefix_length`` tokens compile and autotune the GPU kernels (Triton keeps
-        both on disk, so only the first process on a machine waits long: ~40 s on an H200, later ones ~2 s)
+        both on disk, so only the first process on a machine waits long: ~40 s on an H200, later ones ~3 s)
         and capture the CUDA graphs of the decode step, of the prefill pieces for that length and of the
         vocoder's pushes, which later requests replay. The graphs are keyed by the request's settings, so pass
         the ones the requests will use. A prefill replays one graph per piece of its length (256s, a multiple

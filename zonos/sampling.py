@@ -39,11 +39,16 @@ class SamplingParams:
         if p.temperature < 0:
             raise ValueError(f"temperature must be ≥ 0 (0 means greedy), got {p.temperature}")
         if not 0 <= p.top_p <= 1 or not 0 <= p.min_p <= 1:
-            raise ValueError("top_p and min_p must lie in [0, 1] (0 disables them)")
+            raise ValueError(
+                f"top_p and min_p must lie in [0, 1] (0 disables them), got top_p={p.top_p}, min_p={p.min_p}"
+            )
         if p.top_k < 0 or int(p.top_k) != p.top_k:
             raise ValueError(f"top_k must be a non-negative integer (0 disables it), got {p.top_k}")
         if p.repetition_penalty <= 0 or p.repetition_penalty_window < 1:
-            raise ValueError("repetition_penalty must be > 0 and repetition_penalty_window ≥ 1")
+            raise ValueError(
+                "repetition_penalty must be > 0 (1 disables it) and repetition_penalty_window ≥ 1, got "
+                f"repetition_penalty={p.repetition_penalty}, repetition_penalty_window={p.repetition_penalty_window}"
+            )
         return p
 
 

@@ -1,4 +1,7 @@
-"""Device defaults (also upstream's import path: ``from zonos.utils import DEFAULT_DEVICE``) and tensor helpers."""
+"""Device defaults (also upstream's import path: ``from zonos.utils import DEFAULT_DEVICE``), tensor helpers and
+the command lines' help formatter."""
+
+import argparse
 
 import torch
 
@@ -17,6 +20,15 @@ def tensor_version(t: torch.Tensor) -> int:
     """How many times ``t`` was changed in place (``t._version``); 0 for an inference tensor, which keeps no count
     (it can change only inside ``torch.inference_mode``, and such a change goes unseen by caches keyed on this)."""
     return 0 if t.is_inference() else t._version
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows defaults, except the uninformative None and False ones (their help says what happens)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default in (None, False):
+            return action.help
+        return super()._get_help_string(action)
 
 
 DEFAULT_DEVICE = default_device()

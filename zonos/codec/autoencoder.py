@@ -140,22 +140,27 @@ class DACAutoencoder:
 
     @property
     def sampling_rate(self) -> int:
+        """Audio samples per second (44100)."""
         return self.config.sampling_rate
 
     @property
     def codebook_size(self) -> int:
+        """Entries per codebook (1024): codes lie in 0 .. codebook_size - 1."""
         return self.config.codebook_size
 
     @property
     def num_codebooks(self) -> int:
+        """Codebooks per frame (9)."""
         return self.config.n_codebooks
 
     @property
     def hop_length(self) -> int:
+        """Audio samples per code frame (512)."""
         return self.config.hop_length
 
     @property
     def device(self) -> torch.device:
+        """Where the codec's weights are."""
         return next(self.dac.parameters()).device
 
     def to(self, device: str | torch.device) -> DACAutoencoder:

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from ..config import PrefixConditionerConfig
+from ..utils import default_device
 from .languages import language_id, normalize_language
 from .phonemes import VOCAB_SIZE, phonemize, tokenize_phonemes
 
@@ -336,10 +337,6 @@ DEFAULT_EMOTION: tuple[float, ...] = (0.3077, 0.0256, 0.0256, 0.0256, 0.0256, 0.
 DEFAULT_UNCONDITIONAL_KEYS: frozenset[str] = frozenset({"vqscore_8", "dnsmos_ovrl"})
 
 
-def _default_device() -> torch.device:
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-
 def _vector(value: Any, n: int, key: str, hint: str = "") -> torch.Tensor:
     """A float32 vector of exactly n finite values from a number/list/tuple/array/tensor."""
     what = "a single number" if n == 1 else f"{n} numbers ({hint})"
@@ -412,7 +409,7 @@ def make_cond_dict(
     unknown = drop - set(COND_KEYS)
     if unknown:
         raise ValueError(f"unknown unconditional key(s) {sorted(unknown)}; valid keys are {', '.join(COND_KEYS[1:])}")
-    dev = torch.device(device) if device is not None else _default_device()
+    dev = torch.device(device) if device is not None else default_device()
 
     def keep(key: str, value: Any) -> bool:
         return key not in drop and value is not None

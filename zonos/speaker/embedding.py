@@ -203,6 +203,7 @@ class SpeakerEmbedding(nn.Module):
 
     @property
     def device(self) -> torch.device:
+        """Where the model's weights are."""
         return self.lda.weight.device
 
     @property

@@ -9,6 +9,7 @@ from tests.test_gpu_vocoder import one_shot, snr_db
 from tests.tiny import save_tiny_checkpoint
 from zonos.codec.autoencoder import DACAutoencoder
 from zonos.codec.dac import DACConfig
+from zonos.codec.streaming import receptive_field
 from zonos.model import Zonos
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
@@ -39,3 +40,24 @@ def test_gpu_stream_equals_one_shot(model, first, steady):
     fp32 = one_shot(model.autoencoder, codes, fp16=False).cpu()
     assert audio.shape == fp16.shape
     assert snr_db(audio, fp32) >= snr_db(fp16, fp32) - 6, (snr_db(audio, fp16), snr_db(fp16, fp32))
+
+
+def test_first_audio_is_not_held_for_a_step(model, monkeypatch):
+    """The first chunk with audio leaves as soon as its frames are final and decoded: the decode loop has not run
+    another step (later chunks wait one step, so the vocoder overlaps it)."""
+    prefix = torch.randn(2, 40, 64, device="cuda", dtype=torch.bfloat16)
+    offsets, loop = [], model._decode_loop
+
+    def recording_loop(*args, **kwargs):
+        for update in loop(*args, **kwargs):
+            offsets.append(update[1])
+            yield update
+
+    monkeypatch.setattr(model, "_decode_loop", recording_loop)
+    first = 2
+    need = receptive_field(model.autoencoder.dac.config).lookahead_frames + first
+    for chunk in model.generate(prefix, max_new_tokens=40, progress_bar=False, stream=True, first_chunk_frames=first):
+        if chunk.audio.shape[-1]:
+            break
+    complete = [max(o - 8, 0) for o in offsets]  # frames whose 9 codebooks are written after each step
+    assert complete[-1] >= need > complete[-2], offsets

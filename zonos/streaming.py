@@ -6,8 +6,9 @@ each layer's context, so concatenated chunks equal the one-shot decode of the sa
 convolutions look ahead ``lookahead_frames`` frames, so the first push waits for that many frames plus
 the first chunk; later pushes carry ``chunk_frames`` frames each.
 
-On CUDA the vocoder runs on a side stream and each chunk is handed out one decode step later, so the
-vocoder overlaps the next step instead of stalling it; chunk audio then arrives on the CPU.
+On CUDA the vocoder runs on a side stream and each chunk after the first audio is handed out one decode step
+later, so the vocoder overlaps the next step instead of stalling it; the first audio goes out as soon as it is
+decoded, which keeps the time to first audio one step shorter. Chunk audio arrives on the CPU.
 """
 
 from __future__ import annotations
@@ -146,7 +147,11 @@ def stream_chunks(
             else:
                 event = torch.cuda.Event()
                 event.record(side)
-                held = (chunk, event)
+                if chunk.samples[0] == 0:  # no audio handed out yet: time to first audio beats the overlap
+                    event.synchronize()
+                    yield chunk
+                else:
+                    held = (chunk, event)
         if not finished and last is not None:
             take_final_frames(last[0], max(last[1] - N_CODEBOOKS + 1, 0))
         if held is not None:

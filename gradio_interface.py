@@ -464,7 +464,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=DEFAULT_FIRST_CHUNK_FRAMES,
         help="frames in the first audio chunk (after the vocoder's ~10-frame lookahead); 86 frames ≈ 1 s",
     )
-    p.add_argument("--chunk-frames", type=int, default=DEFAULT_CHUNK_FRAMES, help="frames in each later chunk")
+    p.add_argument(
+        "--chunk-frames",
+        type=int,
+        default=DEFAULT_CHUNK_FRAMES,
+        help="frames in the steady chunks; the chunks after the first double in size until they reach it",
+    )
     p.add_argument("--no-preload", action="store_true", help="load the first model on the first request, not at start")
     p.add_argument(
         "--no-warmup",

@@ -82,7 +82,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--chunk-frames",
         type=int,
         default=None,
-        help=f"with --stream: frames in each later chunk (default: {DEFAULT_CHUNK_FRAMES})",
+        help="with --stream: frames in the steady chunks; the chunks after the first double in size until they "
+        f"reach it, so that playback never waits (default: {DEFAULT_CHUNK_FRAMES})",
     )
     p.add_argument(
         "--cute-gemv",

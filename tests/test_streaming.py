@@ -6,6 +6,7 @@ import torch
 
 from tests.test_model import _prefix
 from tests.tiny import tiny_model
+from zonos.codec.streaming import receptive_field
 
 
 @pytest.fixture(scope="module")
@@ -75,6 +76,18 @@ def test_frames_leave_exactly_when_their_last_codebook_is_written(model, prefix,
     for (start, end), offset in pushes[1:]:
         assert end - start == 1
         assert end - 1 + 9 == offset  # frame end-1's codebook 8 sits in column end-1+9, written just now
+
+
+def test_chunks_double_up_to_the_steady_size(model, prefix):
+    """After the first chunk (the lookahead's frames and ``first_chunk_frames``), chunks double until they reach
+    ``chunk_frames``; a first chunk larger than that is followed by steady chunks at once."""
+    lookahead = receptive_field(model.autoencoder.dac.config).lookahead_frames
+    for first, steady, sizes in ((1, 6, [2, 4, 6, 6]), (2, 16, [4, 8, 16]), (5, 3, [3, 3, 3])):
+        chunks = list(_run(model, prefix, seed=7, max_new_tokens=60, stream=True, first_chunk_frames=first,
+                           chunk_frames=steady))  # fmt: skip
+        frames = [c.frames[1] - c.frames[0] for c in chunks]
+        assert frames[0] == lookahead + first
+        assert frames[1 : 1 + len(sizes)] == sizes, frames
 
 
 def test_eos_flushes_the_tail(model, prefix, monkeypatch):

@@ -519,7 +519,8 @@ class Zonos(nn.Module):
                 one-shot codes of the same seed, their audio to ``autoencoder.decode`` of those codes.
                 Closing the iterator early stops generation; the model is ready for the next request.
             first_chunk_frames: frames in the first chunk, after the vocoder's ~10-frame lookahead.
-            chunk_frames: frames in every later chunk.
+            chunk_frames: frames in the steady chunks; the chunks after the first double in size until they
+                reach it, so that each arrives before the audio handed out so far has played.
 
         EOS/MASK codes in the result are replaced by 0, as upstream does, so it decodes directly.
         """
@@ -542,7 +543,7 @@ class Zonos(nn.Module):
     def warmup(
         self,
         prefix_length: int = 120,
-        frames: int = 32,
+        frames: int = 64,
         cfg_scale: float = 2.0,
         sampling_params: dict | None = None,
         batch_size: int = 1,
@@ -559,6 +560,7 @@ class Zonos(nn.Module):
         the ones the requests will use. A prefill replays one graph per piece of its length (256s, a multiple
         of 16, the rest), so other prefix lengths capture one or two pieces more on first use;
         ``all_prefill_lengths`` captures all 31 piece sizes now (a server taking prompts of any length).
+        ``frames`` (64) covers the default schedule's growing chunks and two steady ones.
         Returns the seconds it took; the model is ready for the next request.
         """
         for name, value in (("prefix_length", prefix_length), ("frames", frames)):

@@ -20,7 +20,8 @@ continues the one chain of 16-deep products.
 A short call (a streaming push, a short decode's first layers) reads dense operands instead of gathering them:
 its input unfolded once into contiguous reduction rows (by ``_unfold``, or by the ``sequence_tail`` that made
 its window, in the same launch) and its weights packed once per weight tensor, both loaded as 16-byte vectors
-and pipelined ``DENSE_STAGES`` slices deep.  The dot products see the same numbers in the same order, so this
+(unfolded rows padded to 16 columns; the padding's outputs are never stored) and pipelined ``DENSE_STAGES``
+slices deep.  The dot products see the same numbers in the same order, so this
 too changes the time, not the samples.
 
 Snake stays a launch of its own (:mod:`.snake`): applied as a conv loaded its input, it was recomputed for
@@ -455,14 +456,18 @@ def _dense(batch: int, rows: int, n: int, dtype: torch.dtype) -> bool:
 
 
 def _padded(n: int) -> int:
-    return -(-n // 8) * 8  # rows of whole 16-byte vectors (16-bit dtypes)
+    """Unfolded rows' width: a multiple of 16 elements.  The dense convs read the padding columns too (their outputs
+    are never stored), so that both a row's stride and the loads' bound are multiples of 16, which Triton's launches
+    specialize on: only then are a row's loads 16-byte asynchronous copies rather than 2-byte loads (at a 2-frame
+    push's first two layers, 2 and 8 columns wide, they were 2-byte loads; sm_90a PTX)."""
+    return -(-n // 16) * 16
 
 
 def _unfold(x: torch.Tensor, k: int, kp: int, first: int, step: int, n: int, dtype: torch.dtype) -> torch.Tensor:
-    """``[B, C kp, n]`` (rows padded to :func:`_padded`): row ``c kp + j`` holds channel ``c`` at samples
-    ``first + j step .. + n - 1`` in ``dtype``, zeros outside ``x`` and for ``j >= k``: the reduction rows of an
-    implicit GEMM written out once, so the conv loads contiguous rows instead of gathering them for every tile
-    of output channels (at a streaming push's few samples the gather's index arithmetic took most of the time)."""
+    """``[B, C kp, n]`` (rows padded to :func:`_padded`, the padding left unwritten): row ``c kp + j`` holds channel
+    ``c`` at samples ``first + j step .. + n - 1`` in ``dtype``, zeros outside ``x`` and for ``j >= k``: the reduction
+    rows of an implicit GEMM written out once, so the conv loads contiguous rows instead of gathering them for every
+    tile of output channels (at a streaming push's few samples the gather's index arithmetic took most of the time)."""
     batch, c, _ = x.shape
     cols = torch.empty(batch, c * kp, _padded(n), dtype=dtype, device=x.device)
     block_t = min(128, max(16, triton.next_power_of_2(n)))
@@ -595,7 +600,7 @@ def conv1d(
         w, x_args, w_args = weight, x.stride(), weight.stride()
     _conv_kernel[(grid[0], grid[1], grid[2] * (n_groups if split else 1))](
         x, w, b_ptr, residual, rh, a, out, parts, counts,
-        c_in, c_out, n_out if dense else n, n_out, -padding, dilation, residual.shape[-1], H_r, residual_offset,
+        c_in, c_out, x.shape[-1] if dense else n, n_out, -padding, dilation, residual.shape[-1], H_r, residual_offset,
         n_groups, *x_args, *w_args, s_b, 0 if alpha is None else a.stride(0),
         *residual.stride(), *rh.stride(), *out.stride(),
         K=k, KP=kp, BLOCK_CO=block_co, BLOCK_CI=block_ci, BLOCK_T=block_t,
@@ -649,7 +654,7 @@ def conv_transpose1d(
         w, x_args, w_args = weight, x.stride(), weight.stride()
     _conv_transpose_kernel[(grid[0], grid[1], grid[2] * (n_groups if split else 1))](
         x, w, b_ptr, out, parts, counts,
-        c_in, c_out, n_q if dense else n, stride, start, length, q_first, n_q, n_groups,
+        c_in, c_out, x.shape[-1] if dense else n, stride, start, length, q_first, n_q, n_groups,
         *x_args, *w_args, s_b, *out.stride(),
         K=k, MP=mp, BLOCK_CO=block_co, BLOCK_CI=block_ci, BLOCK_Q=block_q,
         HAS_BIAS=bias is not None, GROUP=group, SPLIT=split, COMPUTE=_TL_DTYPES[dtype],

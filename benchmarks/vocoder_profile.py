@@ -106,7 +106,7 @@ def sweep_tiles(codec: DACAutoencoder, chunks: list[int]) -> None:
             kernels._blocks = default
             return
         co, red, t = config["BLOCK_CO"], config["reduction slice"], config["BLOCK_T"]
-        kernels._blocks = lambda c_out, taps, n_out, rows, device: (co, max(1, red // next_power_of_2(taps)), t, 4)
+        kernels._blocks = lambda c_out, c_in, taps, *_: (co, max(1, red // next_power_of_2(taps)), t, 4)
 
     configs = [{"BLOCK_CO": co, "reduction slice": red, "BLOCK_T": t} for co, red, t in SWEEP]
     sweep(codec, chunks, configs, apply, "Tile configuration of the vocoder conv kernels (every layer alike)")

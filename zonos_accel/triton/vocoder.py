@@ -382,20 +382,32 @@ def _check(x: torch.Tensor, history: torch.Tensor | None, c_in: int, what: str) 
 # Output tiles (BLOCK_CO, BLOCK_T), largest first.  All run mma.sync m16n8k16 (sm_80+; 64 channels would switch
 # to wgmma), so each output is the same chain of 16-deep products in the same order whatever the tile.
 TILES = ((32, 64), (32, 32), (16, 32))
+# The tiles of calls with fewer output tiles than that (a streaming push's layers); see :func:`_blocks`.
+SHORT_TILES = ((32, 16), (16, 16), (32, 32), (16, 32))
+# A call splits its reduction groups over programs while it has fewer output tiles than this many per SM (more
+# programs than 1 per SM paid off up to 4: H200, docs/BENCHMARKS.md, session 12).
+SPLIT_TILES_PER_SM = 4
 
 
-def _blocks(c_out: int, taps: int, n_out: int, rows: int, device: torch.device) -> tuple[int, int, int, int]:
-    """(BLOCK_CO, BLOCK_CI, BLOCK_T, warps) of a call with ``n_out`` outputs per channel in ``rows`` batch rows (×
-    phases).  The output tile is the largest of :data:`TILES` that still gives each SM two programs (a long decode:
-    more reuse of each load), else the smallest (a streaming push: more programs), which also takes the longer
-    slices of :data:`SHORT_REDUCE`.  Neither the tile nor the slice changes the sums (a GPU test checks it)."""
+def _blocks(
+    c_out: int, c_in: int, taps: int, n_out: int, batch: int, phases: int, device: torch.device
+) -> tuple[int, int, int, int]:
+    """(BLOCK_CO, BLOCK_CI, BLOCK_T, warps) of a call with ``n_out`` outputs per channel in ``batch`` × ``phases``
+    rows.  The output tile is the largest of :data:`TILES` that still gives each SM two programs (a long decode:
+    more reuse of each load).  A call with fewer tiles (a streaming push) takes the longer slices of
+    :data:`SHORT_REDUCE` and a tile of :data:`SHORT_TILES`, as measured per layer: 16 samples wide when it has
+    fewer than 32 per row (not half a tile of padding), and 32 channels tall when its reduction spans several
+    groups (the layers that hold most of the weights: fewer, fuller programs per group), except for transposed
+    convs with 32 samples or more, whose phases already make many programs.  Neither the tile nor the slice
+    changes the sums (a GPU test checks it)."""
+    rows = batch * phases
     for block_co, block_t in TILES:
         if triton.cdiv(n_out, block_t) * triton.cdiv(c_out, block_co) * rows >= 2 * _sm_count(device):
-            reduce = REDUCE
-            break
-    else:
-        reduce = SHORT_REDUCE
-    return block_co, max(1, reduce // triton.next_power_of_2(taps)), block_t, 4
+            return block_co, max(1, REDUCE // triton.next_power_of_2(taps)), block_t, 4
+    block_t = 16 if n_out < 32 else 32
+    groups = c_in * triton.next_power_of_2(taps) > GROUP_REDUCE
+    block_co = 32 if groups and (block_t == 16 or phases == 1) else 16
+    return block_co, max(1, SHORT_REDUCE // triton.next_power_of_2(taps)), block_t, 4
 
 
 @functools.cache
@@ -407,24 +419,26 @@ def _sm_count(device: torch.device) -> int:
 
 def _split(n_groups: int, tiles: int, device: torch.device) -> bool:
     """Whether a call runs its reduction groups in parallel programs: when its output tiles alone leave SMs
-    idle (a streaming push).  Either way the sums are the same."""
-    return n_groups > 1 and tiles < _sm_count(device)
+    short of programs (a streaming push).  Either way the sums are the same."""
+    return n_groups > 1 and tiles < SPLIT_TILES_PER_SM * _sm_count(device)
 
 
 # Per device: each tile's count of finished groups, zero between launches (the last program resets it).  Kept
-# for good, as captured CUDA graphs hold their address.  Launches on one device share them, so split launches
-# must not run concurrently on two CUDA streams (the decoder's run one after another on one stream).
-_counts: dict[torch.device, torch.Tensor] = {}
+# for good (a larger one replaces it for a call with more tiles, which only a forced split makes), as captured CUDA
+# graphs hold their address.  Launches on one device share them, so split launches must not run concurrently on
+# two CUDA streams (the decoder's run one after another on one stream).
+_counts: dict[torch.device, list[torch.Tensor]] = {}
 
 
 def _split_buffers(
     tiles: int, n_groups: int, block_co: int, block_t: int, like: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(partial sums, counts) of a split launch."""
-    counts = _counts.get(like.device)
-    if counts is None:
-        counts = _counts[like.device] = torch.zeros(1024, dtype=torch.int32, device=like.device)
-    assert tiles <= counts.numel()  # split launches have fewer tiles than SMs
+    kept = _counts.setdefault(like.device, [])
+    if not kept or kept[-1].numel() < tiles:
+        size = max(tiles, SPLIT_TILES_PER_SM * _sm_count(like.device))
+        kept.append(torch.zeros(size, dtype=torch.int32, device=like.device))
+    counts = kept[-1]
     parts = torch.empty(tiles * n_groups * block_co * block_t, dtype=torch.float32, device=like.device)
     return parts, counts
 
@@ -584,7 +598,7 @@ def conv1d(
     if out.numel() == 0:
         return out
     kp = triton.next_power_of_2(k)
-    block_co, block_ci, block_t, warps = _blocks(c_out, k, n_out, batch, x.device)
+    block_co, block_ci, block_t, warps = _blocks(c_out, c_in, k, n_out, batch, 1, x.device)
     b_ptr, s_b = _bias_args(bias, weight)
     grid = (triton.cdiv(n_out, block_t), triton.cdiv(c_out, block_co), batch)
     n_groups, group = _groups(c_in, block_ci, kp)
@@ -639,7 +653,7 @@ def conv_transpose1d(
     mp = triton.next_power_of_2(triton.cdiv(k, stride))
     q_first = start // stride
     n_q = (start + length - 1) // stride - q_first + 1
-    block_co, block_ci, block_q, warps = _blocks(c_out, mp, n_q, batch * stride, x.device)
+    block_co, block_ci, block_q, warps = _blocks(c_out, c_in, mp, n_q, batch, stride, x.device)
     b_ptr, s_b = _bias_args(bias, weight)
     grid = (triton.cdiv(n_q, block_q), triton.cdiv(c_out, block_co), batch * stride)
     n_groups, group = _groups(c_in, block_ci, mp)

@@ -376,3 +376,58 @@ def test_codes_to_latent_is_the_sum_of_every_stage(codec):
         assert dac.codes_to_latent(codes[:, :3]).shape == expected.shape  # fewer codebooks: the first ones
     finally:
         dac.float()
+
+
+def _stage_sum(dac, codes: torch.Tensor) -> torch.Tensor:
+    return sum(vq.out_proj(vq.codebook(codes[:, q]).transpose(1, 2)) for q, vq in enumerate(dac.quantizer.quantizers))
+
+
+def test_codes_to_latent_sees_every_weight_change(codec):
+    """The stacked codebooks are kept between calls (a streaming push would stack them anew each time), yet a
+    change to any of the weights they come from shows in the next call, and gradients still reach the weights."""
+    dac = codec.dac
+    codes = torch.randint(0, dac.config.codebook_size, (1, dac.config.n_codebooks, 5))
+    vq = dac.quantizer.quantizers[4]
+    params = (vq.codebook.weight, vq.out_proj.weight, vq.out_proj.bias)
+    saved = [p.detach().clone() for p in params]
+    try:
+        with torch.no_grad():
+            first = dac.codes_to_latent(codes)
+            assert dac._stacked_codebooks(dac.config.n_codebooks)[0] is dac._stacked_codebooks(9)[0]  # kept
+            for p in params:
+                p.add_(0.25)
+                latent = dac.codes_to_latent(codes)
+                torch.testing.assert_close(latent, _stage_sum(dac, codes), rtol=1e-5, atol=1e-5)
+                assert not torch.equal(latent, first)
+                first = latent
+        requires = [p.requires_grad for p in params]
+        for p in params:
+            p.requires_grad_(True)
+        try:
+            dac.codes_to_latent(codes).sum().backward()
+            assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in params)
+        finally:
+            for p, r in zip(params, requires):
+                p.requires_grad_(r)
+                p.grad = None
+    finally:
+        with torch.no_grad():
+            for p, s in zip(params, saved):
+                p.copy_(s)
+
+
+def test_codebook_rows_clamps_and_tracks_the_range_when_asked():
+    from zonos import ops
+
+    tables = torch.randn(3 * 10, 4, dtype=torch.float64)
+    codes = torch.tensor([[[0, 9, 3], [12, -2, 5], [7, 7, 1]]])
+    bounds = torch.tensor([1, 8])  # folded into, not replaced
+    rows = ops.codebook_rows(codes, tables, 10, bounds)
+    assert bounds.tolist() == [-2, 12]
+    clamped = codes.clamp(0, 9)
+    for j in range(3):
+        assert torch.equal(rows[0, 4 * j : 4 * j + 4], tables[10 * j + clamped[0, j]].T)
+    assert torch.equal(ops.codebook_rows(clamped, tables, 10), rows)  # valid codes need no bounds
+    for bad in (torch.zeros(2, dtype=torch.int32), torch.zeros(3, dtype=torch.long), torch.zeros(4).long()[::2]):
+        with pytest.raises(ValueError, match="contiguous int64"):
+            ops.codebook_rows(codes, tables, 10, bad)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -25,6 +25,7 @@ from torch import Tensor, nn
 
 from zonos import ops
 from zonos.checkpoint import CheckpointMismatchError, check_state_dict
+from zonos.utils import tensor_version
 
 __all__ = [
     "DAC",
@@ -278,6 +279,7 @@ class DAC(nn.Module):
         self.encoder = Encoder(self.config)
         self.decoder = Decoder(self.config)
         self.quantizer = ResidualVectorQuantizer(self.config)
+        self._stacked: dict[int, tuple] = {}  # see _stacked_codebooks
 
     @property
     def hop_length(self) -> int:
@@ -301,26 +303,43 @@ class DAC(nn.Module):
             codes.append(code)
         return torch.stack(codes, dim=1)
 
-    def codes_to_latent(self, codes: Tensor) -> Tensor:
+    def codes_to_latent(self, codes: Tensor, bounds: Tensor | None = None) -> Tensor:
         """Sum of every stage's contribution: latent ``[B, hidden_size, T]`` of codes ``[B, Q, T]``.
 
         Every stage's ``out_proj(codebook row)`` is linear, so the sum is one kernel-1 conv of the Q stacked
         codebook rows (``[B, Q * codebook_dim, T]``) by the Q out_proj weights side by side, plus the summed
-        biases: a handful of launches instead of three per codebook.
+        biases: a lookup and a conv instead of three launches per codebook.  ``bounds``: see
+        :func:`zonos.ops.codebook_rows`.
         """
-        quantizers = self.quantizer.quantizers
-        b, q, t = codes.shape
-        if q > len(quantizers):
-            raise ValueError(f"codes have {q} codebooks, the model has {len(quantizers)}")
-        used = quantizers[:q]
-        table = torch.cat([vq.codebook.weight for vq in used])  # [Q * codebook_size, D]
-        size = self.config.codebook_size
-        offsets = torch.arange(0, q * size, size, device=codes.device)[:, None]
-        rows = F.embedding(codes + offsets, table).permute(0, 1, 3, 2).reshape(b, -1, t)  # [B, Q * D, T]
-        weight = torch.cat([vq.out_proj.weight for vq in used], dim=1)  # [hidden, Q * D, 1]
-        bias = torch.stack([vq.out_proj.bias for vq in used]).sum(0)
+        q = codes.shape[1]
+        if q > len(self.quantizer.quantizers):
+            raise ValueError(f"codes have {q} codebooks, the model has {len(self.quantizer.quantizers)}")
+        tables, weight, bias = self._stacked_codebooks(q)
+        rows = ops.codebook_rows(codes, tables, self.config.codebook_size, bounds)
         # Through the decoder's conv op, whose sums do not depend on T: a stream's latent equals the one-shot one.
         return ops.conv1d(rows, weight, bias, dtype=conv_dtype(rows, weight))
+
+    def _stacked_codebooks(self, q: int) -> tuple[Tensor, Tensor, Tensor]:
+        """(codebooks ``[Q * codebook_size, D]``, out_proj weights ``[hidden, Q * D, 1]``, summed biases) of the
+        first ``q`` stages.  Kept, per ``q``, until one of those weights changes (in place, moved or replaced): a
+        streaming push of a few frames would otherwise stack them anew, four launches.  (CUDA graphs of pushes read
+        the kept copies: a streaming decoder recaptures its graphs when the weights change.)"""
+        used = self.quantizer.quantizers[:q]
+        params = [t for vq in used for t in (vq.codebook.weight, vq.out_proj.weight, vq.out_proj.bias)]
+        if torch.is_grad_enabled() and any(p.requires_grad for p in params):
+            return self._stack(used)  # a kept copy would cut the autograd graph
+        key = tuple((p.data_ptr(), p.device, p.dtype, tensor_version(p)) for p in params)
+        if q not in self._stacked or self._stacked[q][0] != key:
+            with torch.no_grad():
+                self._stacked[q] = (key, *self._stack(used))
+        return self._stacked[q][1:]
+
+    @staticmethod
+    def _stack(used: Sequence[nn.Module]) -> tuple[Tensor, Tensor, Tensor]:
+        tables = torch.cat([vq.codebook.weight for vq in used])
+        weight = torch.cat([vq.out_proj.weight for vq in used], dim=1)
+        bias = torch.stack([vq.out_proj.bias for vq in used]).sum(0)
+        return tables, weight, bias
 
     def decode_latent(self, latent: Tensor) -> Tensor:
         """Waveform ``[B, 1, hop_length * T]`` of a latent ``[B, hidden_size, T]``."""

@@ -628,19 +628,16 @@ class StreamingDACDecoder:
         self._state_key_cache = None  # the state changes
         if kind == "flush":
             return _flush(self._stages)
-        return _run(self._stages, self.dac.codes_to_latent(self._tracked(x)) if kind == "codes" else x)
+        return _run(self._stages, self._latent(x) if kind == "codes" else x)
 
-    def _tracked(self, codes: Tensor) -> Tensor:
-        """CUDA codes clamped into the codebook, their range folded into ``_code_bounds`` for :meth:`flush` to
-        check: no host sync, and a few tiny kernels inside the push's graph."""
+    def _latent(self, codes: Tensor) -> Tensor:
+        """The latent of ``codes``.  CUDA codes are clamped into the codebook and their range folded into
+        ``_code_bounds`` for :meth:`flush` to check: no host sync, a few small kernels inside the push's graph."""
         if not codes.is_cuda:
-            return codes  # checked by push
+            return self.dac.codes_to_latent(codes)  # checked by push
         if self._code_bounds is None or self._code_bounds.device != codes.device:
             self._code_bounds = torch.zeros(2, dtype=torch.long, device=codes.device)  # eager before any capture
-        lo, hi = torch.aminmax(codes)
-        torch.minimum(self._code_bounds[0], lo, out=self._code_bounds[0])
-        torch.maximum(self._code_bounds[1], hi, out=self._code_bounds[1])
-        return codes.clamp(0, self.dac.config.codebook_size - 1)
+        return self.dac.codes_to_latent(codes, bounds=self._code_bounds)
 
     def _call(self, kind: str, x: Tensor | None) -> Tensor | None:
         """:meth:`_forward`, replayed from a CUDA graph where one was captured for this state and input."""

@@ -7,7 +7,7 @@ fast paths against these on fresh random inputs.
 from zonos.ops.activations import silu_mul
 from zonos.ops.attention import decode_attention, prefill_attention
 from zonos.ops.conv import causal_conv1d, conv_step
-from zonos.ops.embedding import embedding_sum
+from zonos.ops.embedding import codebook_rows, embedding_sum
 from zonos.ops.linear import linear
 from zonos.ops.norms import add_layer_norm, gated_rms_norm
 from zonos.ops.precision import compute_dtype
@@ -20,6 +20,7 @@ __all__ = [
     "add_layer_norm",
     "apply_rotary",
     "causal_conv1d",
+    "codebook_rows",
     "compute_dtype",
     "conv1d",
     "conv_step",

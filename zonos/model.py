@@ -35,10 +35,11 @@ SYNC_EVERY = 4  # decode steps between checks for the end of generation (see _En
 # cuBLAS runs the heads' (2, 2048) × (9225, 2048)ᵀ product with a slow GEMV kernel for the odd N (23.8 µs per
 # step on the H200, where N = 8512 takes 11.6 µs), so the stacked heads get zero rows up to a multiple of 16.
 HEADS_ROW_MULTIPLE = 16
-# Streaming schedule (H200, benchmarks/streaming.py, docs/BENCHMARKS.md, session 10): a 2-frame first chunk costs
-# ~4 ms of time to first audio over 1 frame (53 vs 49 ms p50, where the decode steps dominate); 16-frame steady
-# chunks make a streamed frame's vocoder cost 0.050 ms, 1.16x the one-shot decode's (8 frames: 0.073, 1.69x), for
-# a real-time factor of 5.19 (2x8: 5.05; 1x2: 4.77). Chunks arrive ~35 ms apart and play for 186 ms each.
+# Streaming schedule (H200, benchmarks/streaming.py, docs/BENCHMARKS.md, sessions 10 and 12): a 2-frame first chunk
+# costs ~3 ms of time to first audio over 1 frame (50.7 vs 48.0 ms p50, where the decode steps dominate); chunks then
+# double up to 16 frames, where a streamed frame's vocoder cost is 0.043 ms, 1.1-1.2x the one-shot decode's (8
+# frames: 0.063, 1.5-1.7x), for a real-time factor of 5.28 (2x8: 5.17; 1x2: 4.87). Steady chunks arrive ~35 ms apart
+# and play for 186 ms each.
 DEFAULT_FIRST_CHUNK_FRAMES = 2
 DEFAULT_CHUNK_FRAMES = 16
 

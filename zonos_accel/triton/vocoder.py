@@ -379,9 +379,9 @@ def _check(x: torch.Tensor, history: torch.Tensor | None, c_in: int, what: str) 
     return history
 
 
-# Output tiles (BLOCK_CO, BLOCK_T), largest first.  All run mma.sync m16n8k16 (sm_80+; 64 channels would switch
-# to wgmma), so each output is the same chain of 16-deep products in the same order whatever the tile.
-TILES = ((32, 64), (32, 32), (16, 32))
+# Output tiles (BLOCK_CO, BLOCK_T) of long calls, largest first.  All run mma.sync m16n8k16 (sm_80+; 64 channels would
+# switch to wgmma), so each output is the same chain of 16-deep products in the same order whatever the tile.
+TILES = ((32, 64), (32, 32))
 # The tiles of calls with fewer output tiles than that (a streaming push's layers); see :func:`_blocks`.
 SHORT_TILES = ((32, 16), (16, 16), (32, 32), (16, 32))
 # A call splits its reduction groups over programs while it has fewer output tiles than this many per SM (more
@@ -394,20 +394,22 @@ def _blocks(
 ) -> tuple[int, int, int, int]:
     """(BLOCK_CO, BLOCK_CI, BLOCK_T, warps) of a call with ``n_out`` outputs per channel in ``batch`` × ``phases``
     rows.  The output tile is the largest of :data:`TILES` that still gives each SM two programs (a long decode:
-    more reuse of each load).  A call with fewer tiles (a streaming push) takes the longer slices of
-    :data:`SHORT_REDUCE` and a tile of :data:`SHORT_TILES`, as measured per layer: 16 samples wide when it has
-    fewer than 32 per row (not half a tile of padding), and 32 channels tall when its reduction spans several
-    groups (the layers that hold most of the weights: fewer, fuller programs per group), except for transposed
-    convs with 32 samples or more, whose phases already make many programs.  Neither the tile nor the slice
-    changes the sums (a GPU test checks it)."""
+    more reuse of each load).  A call with fewer tiles (a streaming push) takes a tile of :data:`SHORT_TILES`, as
+    measured per layer: 16 samples wide when it has fewer than 32 per row (not half a tile of padding), and 32
+    channels tall when its reduction spans several groups (the layers that hold most of the weights: fewer, fuller
+    programs per group), except for transposed convs with 32 samples or more, whose phases already make many
+    programs; and the longer slices of :data:`SHORT_REDUCE` unless 16 × 32 tiles would still give each SM two
+    programs.  Neither the tile nor the slice changes the sums (a GPU test checks it)."""
     rows = batch * phases
+    enough = 2 * _sm_count(device)
     for block_co, block_t in TILES:
-        if triton.cdiv(n_out, block_t) * triton.cdiv(c_out, block_co) * rows >= 2 * _sm_count(device):
+        if triton.cdiv(n_out, block_t) * triton.cdiv(c_out, block_co) * rows >= enough:
             return block_co, max(1, REDUCE // triton.next_power_of_2(taps)), block_t, 4
+    reduce = REDUCE if triton.cdiv(n_out, 32) * triton.cdiv(c_out, 16) * rows >= enough else SHORT_REDUCE
     block_t = 16 if n_out < 32 else 32
     groups = c_in * triton.next_power_of_2(taps) > GROUP_REDUCE
     block_co = 32 if groups and (block_t == 16 or phases == 1) else 16
-    return block_co, max(1, SHORT_REDUCE // triton.next_power_of_2(taps)), block_t, 4
+    return block_co, max(1, reduce // triton.next_power_of_2(taps)), block_t, 4
 
 
 @functools.cache

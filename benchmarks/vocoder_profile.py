@@ -143,7 +143,7 @@ def sweep_slices(codec: DACAutoencoder, chunks: list[int]) -> None:
     sweep(codec, chunks, configs, apply, "Reduction slice sizes of the vocoder conv kernels (REDUCE, SHORT_REDUCE)")
 
 
-STAGE_SWEEP = [0, 2, 3, 4, None]  # DENSE_STAGES; None: no dense calls (every call gathers)
+STAGE_SWEEP = [0, 2, 3, 4, 6, 8, None]  # DENSE_STAGES; None: no dense calls (every call gathers)
 
 
 def sweep_stages(codec: DACAutoencoder, chunks: list[int]) -> None:

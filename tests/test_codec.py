@@ -374,6 +374,10 @@ def test_codes_to_latent_is_the_sum_of_every_stage(codec):
         )
         torch.testing.assert_close(dac.codes_to_latent(codes), expected, rtol=1e-12, atol=1e-12)
         assert dac.codes_to_latent(codes[:, :3]).shape == expected.shape  # fewer codebooks: the first ones
+        with pytest.raises(ValueError, match=r"\[B, n_codebooks, T\]"):
+            dac.codes_to_latent(codes[0])
+        with pytest.raises(ValueError, match="codes have 10 codebooks"):
+            dac.codes_to_latent(torch.zeros(1, 10, 2, dtype=torch.long))
     finally:
         dac.float()
 

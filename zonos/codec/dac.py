@@ -311,6 +311,8 @@ class DAC(nn.Module):
         biases: a lookup and a conv instead of three launches per codebook.  ``bounds``: see
         :func:`zonos.ops.codebook_rows`.
         """
+        if codes.dim() != 3:
+            raise ValueError(f"codes must be [B, n_codebooks, T]; got shape {tuple(codes.shape)}")
         q = codes.shape[1]
         if q > len(self.quantizer.quantizers):
             raise ValueError(f"codes have {q} codebooks, the model has {len(self.quantizer.quantizers)}")

@@ -3,7 +3,7 @@
 they do, in µs per push; and the one-shot decode of the same frames for comparison.
 
     python3 benchmarks/vocoder_profile.py [--chunks 1,2,8,32] [--pushes 20] [--ops triton,torch]
-                                          [--sweep tiles|groups|stages|slices] [--layers]
+                                          [--sweep tiles|groups|stages|slices|split] [--layers]
 
 ``--ops torch`` runs the decoder's convs on cuDNN (Snake stays the Triton kernel).  ``--sweep tiles`` times the
 stream and the one-shot decode for each tile configuration of our conv kernels (the same for every layer and
@@ -12,8 +12,10 @@ checks); ``--sweep groups`` does the same for the reduction group size (``GROUP_
 split-K program), and without the split; ``--sweep slices`` for the reduction elements per loop step
 (``REDUCE`` in calls with many output tiles, ``SHORT_REDUCE`` with few), which must leave every sample as it
 is; ``--sweep stages`` for the loads a short (dense-operand) call keeps in flight (``DENSE_STAGES``), and with
-every call gathering its operands (``DENSE_BYTES`` = 0).
-``--layers`` lists the GPU time of each conv layer (our kernels), per push and one-shot.  ``--ncu-push N`` makes
+every call gathering its operands (``DENSE_BYTES`` = 0); ``--sweep split`` for the output tiles per SM below which
+a call splits its reduction groups (``SPLIT_TILES_PER_SM``).
+``--layers`` lists the GPU time of each conv layer (our kernels), per push and one-shot; with ``--sweep``, under
+each configuration, then the totals side by side.  ``--ncu-push N`` makes
 one steady push of N frames between ``cudaProfilerStart`` and ``cudaProfilerStop``, for Nsight Compute:
 
     ncu --clock-control none --profile-from-start off -k regex:_conv --section SpeedOfLight \\
@@ -71,33 +73,40 @@ def summarize(events: list, per: int) -> dict[str, tuple[float, float]]:
     return {g: (n / per, us / per) for g, (n, us) in acc.items()}
 
 
-# (BLOCK_CO, reduction slice, BLOCK_T): output channels × samples per program, channels × taps per step.
-SWEEP = [(co, red, t) for co in (16, 32, 64) for red in (64, 128) for t in (32, 64)]
-
-
-def sweep(codec: DACAutoencoder, chunks: list[int], configs: list[dict], apply, title: str) -> None:
+def sweep(
+    codec: DACAutoencoder, chunks: list[int], configs: list[dict], apply, title: str, layers: int | None = None
+) -> None:
     """Stream and one-shot cost (256 frames, fp16) under each of ``configs`` (``apply(config)`` sets one up; ``None``
     restores the default), a table printed as each configuration finishes (compiles dominate a sweep's time); and
-    how many one-shot samples of fixed codes differ from the first configuration's."""
+    how many one-shot samples of fixed codes differ from the first configuration's.  With ``layers`` (steady pushes
+    per size), the GPU time of each conv layer instead (:func:`profile_layers`), then a summary of the totals."""
     codes = torch.randint(0, 1024, (1, 9, 64), device="cuda")
     first = None
+    totals = []
     try:
         for config in configs:
             apply(config)
             audio = codec.decode(codes)
             first = audio if first is None else first
             same = {"one-shot samples differing from the first row's": int((audio != first).sum())}
-            rows = [{**config, **row, **same} for row in vocoder_cost(codec, 256, chunks)]
-            print(table(rows, title), flush=True)
+            if layers:
+                rows = profile_layers(codec, chunks, layers)
+                print(table(rows, f"{title}: {config}"), flush=True)
+                totals.append({**config, **{k: v for k, v in rows[-1].items() if k != "layer"}, **same})
+            else:
+                rows = [{**config, **row, **same} for row in vocoder_cost(codec, 256, chunks)]
+                print(table(rows, title), flush=True)
     finally:
         apply(None)
+    if totals:
+        print(table(totals, f"{title}: all conv layers"), flush=True)
 
 
 # (BLOCK_CO, reduction slice, BLOCK_T): output channels × samples per program, channels × padded taps per step.
 SWEEP = [(co, red, t) for co in (16, 32, 64) for red in (64, 128) for t in (32, 64)]
 
 
-def sweep_tiles(codec: DACAutoencoder, chunks: list[int]) -> None:
+def sweep_tiles(codec: DACAutoencoder, chunks: list[int], layers: int | None = None) -> None:
     """The same tile for every layer and call instead of ``_blocks``'s choice; any keeps the stream bit-exact."""
     default = kernels._blocks
 
@@ -109,13 +118,13 @@ def sweep_tiles(codec: DACAutoencoder, chunks: list[int]) -> None:
         kernels._blocks = lambda c_out, c_in, taps, *_: (co, max(1, red // next_power_of_2(taps)), t, 4)
 
     configs = [{"BLOCK_CO": co, "reduction slice": red, "BLOCK_T": t} for co, red, t in SWEEP]
-    sweep(codec, chunks, configs, apply, "Tile configuration of the vocoder conv kernels (every layer alike)")
+    sweep(codec, chunks, configs, apply, "Tile configuration of the vocoder conv kernels (every layer alike)", layers)
 
 
 GROUP_SWEEP = [256, 512, 1024, 2048, None]  # reduction elements per group; None: no split-K launches
 
 
-def sweep_groups(codec: DACAutoencoder, chunks: list[int]) -> None:
+def sweep_groups(codec: DACAutoencoder, chunks: list[int], layers: int | None = None) -> None:
     default_group, default_split = kernels.GROUP_REDUCE, kernels._split
 
     def apply(config):
@@ -125,13 +134,13 @@ def sweep_groups(codec: DACAutoencoder, chunks: list[int]) -> None:
         kernels._split = (lambda n_groups, tiles, device: False) if no_split else default_split
 
     configs = [{"group elements": g or f"{default_group}, no split"} for g in GROUP_SWEEP]
-    sweep(codec, chunks, configs, apply, "Reduction group size of the vocoder conv kernels")
+    sweep(codec, chunks, configs, apply, "Reduction group size of the vocoder conv kernels", layers)
 
 
 SLICE_SWEEP = [(64, 64), (64, 128), (64, 256), (128, 128)]  # reduction elements per slice: (REDUCE, SHORT_REDUCE)
 
 
-def sweep_slices(codec: DACAutoencoder, chunks: list[int]) -> None:
+def sweep_slices(codec: DACAutoencoder, chunks: list[int], layers: int | None = None) -> None:
     """Slices of every size chain the same products in the same groups: the samples must not change."""
     default = kernels.REDUCE, kernels.SHORT_REDUCE
 
@@ -140,13 +149,20 @@ def sweep_slices(codec: DACAutoencoder, chunks: list[int]) -> None:
         kernels.REDUCE, kernels.SHORT_REDUCE = pair
 
     configs = [{"slice (many tiles)": long, "slice (few tiles)": short} for long, short in SLICE_SWEEP]
-    sweep(codec, chunks, configs, apply, "Reduction slice sizes of the vocoder conv kernels (REDUCE, SHORT_REDUCE)")
+    sweep(
+        codec,
+        chunks,
+        configs,
+        apply,
+        "Reduction slice sizes of the vocoder conv kernels (REDUCE, SHORT_REDUCE)",
+        layers,
+    )
 
 
 STAGE_SWEEP = [0, 2, 3, 4, 6, 8, None]  # DENSE_STAGES; None: no dense calls (every call gathers)
 
 
-def sweep_stages(codec: DACAutoencoder, chunks: list[int]) -> None:
+def sweep_stages(codec: DACAutoencoder, chunks: list[int], layers: int | None = None) -> None:
     default_stages, default_bytes = kernels.DENSE_STAGES, kernels.DENSE_BYTES
 
     def apply(config):
@@ -155,7 +171,20 @@ def sweep_stages(codec: DACAutoencoder, chunks: list[int]) -> None:
         kernels.DENSE_BYTES = 0 if config is not None and not isinstance(stages, int) else default_bytes
 
     configs = [{"dense stages": "gather" if s is None else s} for s in STAGE_SWEEP]
-    sweep(codec, chunks, configs, apply, "Slices in flight in the dense-operand vocoder convs")
+    sweep(codec, chunks, configs, apply, "Slices in flight in the dense-operand vocoder convs", layers)
+
+
+SPLIT_SWEEP = [1, 2, 4, 8]  # SPLIT_TILES_PER_SM: a call splits its reduction below this many output tiles per SM
+
+
+def sweep_split(codec: DACAutoencoder, chunks: list[int], layers: int | None = None) -> None:
+    default = kernels.SPLIT_TILES_PER_SM
+
+    def apply(config):
+        kernels.SPLIT_TILES_PER_SM = default if config is None else config["split below tiles per SM"]
+
+    configs = [{"split below tiles per SM": n} for n in SPLIT_SWEEP]
+    sweep(codec, chunks, configs, apply, "When short calls split their reduction groups", layers)
 
 
 def conv_layer_names(codec: DACAutoencoder) -> list[str]:
@@ -266,8 +295,9 @@ def main() -> None:
     p.add_argument("--ops", default="triton", choices=["triton", "torch"], help="the decoder convs' implementation")
     p.add_argument(
         "--sweep",
-        choices=["tiles", "groups", "stages", "slices"],
-        help="time every configuration of SWEEP (tiles), GROUP_SWEEP, STAGE_SWEEP or SLICE_SWEEP instead",
+        choices=["tiles", "groups", "stages", "slices", "split"],
+        help="time every configuration of SWEEP (tiles), GROUP_SWEEP, STAGE_SWEEP, SLICE_SWEEP or SPLIT_SWEEP "
+        "instead (with --layers: each conv layer's time under each)",
     )
     p.add_argument("--layers", action="store_true", help="GPU time of each conv layer instead of kernel groups")
     p.add_argument(
@@ -294,8 +324,16 @@ def main() -> None:
         torch.cuda.cudart().cudaProfilerStop()
         return
     if args.sweep:
-        sweeps = {"tiles": sweep_tiles, "groups": sweep_groups, "stages": sweep_stages, "slices": sweep_slices}
-        sweeps[args.sweep](codec, args.chunks)
+        if args.ops == "torch":
+            p.error("--sweep tunes our conv kernels; it cannot be combined with --ops torch")
+        sweeps = {
+            "tiles": sweep_tiles,
+            "groups": sweep_groups,
+            "stages": sweep_stages,
+            "slices": sweep_slices,
+            "split": sweep_split,
+        }
+        sweeps[args.sweep](codec, args.chunks, args.pushes if args.layers else None)
         return
     if args.layers:
         if args.ops == "torch":

@@ -632,7 +632,7 @@ class StreamingDACDecoder:
 
     def _latent(self, codes: Tensor) -> Tensor:
         """The latent of ``codes``.  CUDA codes are clamped into the codebook and their range folded into
-        ``_code_bounds`` for :meth:`flush` to check: no host sync, a few small kernels inside the push's graph."""
+        ``_code_bounds`` for :meth:`flush` to check: no host sync (one launch in the push's graph with Triton)."""
         if not codes.is_cuda:
             return self.dac.codes_to_latent(codes)  # checked by push
         if self._code_bounds is None or self._code_bounds.device != codes.device:

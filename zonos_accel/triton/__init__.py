@@ -16,6 +16,7 @@ device still run the reference, so a CPU model in the same process is unaffected
 | ``rotate_and_cache`` | rotary on q and k, k and v into the KV cache, one launch | ours (:mod:`.rotary`) |
 | ``silu_mul`` | the gated MLP's value · SiLU(gate), one launch | ours (:mod:`.activations`) |
 | ``embedding_sum`` | offset, lookup and sum of the 9 codebook embeddings, one launch | ours (:mod:`.embedding`) |
+| ``codebook_rows`` | the DAC's codebook rows: range, clamp, lookup, transpose, one launch | ours (:mod:`.embedding`) |
 | ``snake`` | the DAC's Snake activation, one launch, output in the next conv's dtype | ours (:mod:`.snake`) |
 | ``conv1d`` | a DAC conv: conv, bias, residual, tanh; sums in a length-independent order | ours (:mod:`.vocoder`) |
 | ``conv_transpose1d`` | a DAC upsampling conv: transposed conv, bias, crop; the same | ours (:mod:`.vocoder`) |
@@ -44,6 +45,7 @@ _SOURCES = {
     "silu_mul": ("zonos_accel.triton.activations", None),
     "snake": ("zonos_accel.triton.snake", None),
     "embedding_sum": ("zonos_accel.triton.embedding", None),
+    "codebook_rows": ("zonos_accel.triton.embedding", None),
     "conv1d": ("zonos_accel.triton.vocoder", None),
     "conv_transpose1d": ("zonos_accel.triton.vocoder", None),
     "sequence_tail": ("zonos_accel.triton.vocoder", None),

@@ -481,7 +481,8 @@ def test_a_push_is_one_op_call_per_layer(codec, monkeypatch):
     """A steady push makes the one-shot decoder's op calls (one launch each on the Triton path): a ``conv1d``
     for the 9 codebooks' projections together and per conv (bias, residual and tanh inside it), a
     ``conv_transpose1d`` per upsampling layer, a ``sequence_tail`` per conv input window (Snake's outputs
-    included) and per residual unit's pending inputs; a residual unit's inner Snake is inside its first conv."""
+    included; a residual unit's also keeps its raw inputs); a residual unit's inner Snake is inside its first
+    conv."""
     calls: dict[str, list] = {"conv1d": [], "conv_transpose1d": [], "sequence_tail": [], "snake": []}
     for name, log in calls.items():
         original = getattr(zonos.ops, name)
@@ -503,8 +504,8 @@ def test_a_push_is_one_op_call_per_layer(codec, monkeypatch):
     assert len(calls["conv1d"]) == 1 + len(convs) == 27  # the codebooks' projection, then the decoder's
     assert len(calls["conv_transpose1d"]) == 4
     assert len(calls["snake"]) == 0  # in the windows and in the residual units' first convs
-    # The first and last conv, each block's transposed conv, and two per residual unit (conv1's input, pending).
-    assert len(calls["sequence_tail"]) == 2 + 4 * (1 + 3 * 2)
+    # The first and last conv, each block's transposed conv, and each residual unit's conv1 (its raw inputs too).
+    assert len(calls["sequence_tail"]) == 2 + 4 * (1 + 3)
     assert all(d == torch.float16 for log in calls.values() for d in log)
     outs.append(dec.flush())
     assert snr_db(torch.cat(outs, -1), expected.float()) > 30  # fp16 stream vs fp32 one-shot

@@ -426,6 +426,47 @@ def test_sequence_tail_unfolds_the_next_convs_input(target, dtype, monkeypatch):
         fast.sequence_tail(last, x, 3, unfold=(7, 0))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+def test_sequence_tail_keeps_raw_inputs_in_the_same_call(target, dtype):
+    """``sequence_tail(..., raw=(history2, length2, out2))``: besides the window, the last ``length2`` samples of
+    ``[history2 | x]`` with x as given (a residual unit's raw inputs), in place or into a new buffer, with the window
+    unfolded or not, with one block of new samples or several; and when the window keeps fewer of x's samples than
+    the raw tail (no shared launch), still both.  Every sample equals the reference's."""
+    fast, device = target
+    alpha = (torch.rand(37, generator=torch.Generator().manual_seed(5)) * 2 + 0.1).to(device)
+    cases = [  # (window kept, raw kept, new samples, unfold, in place)
+        (54, 27, 8, (7, 9), True),
+        (54, 27, 8, None, False),
+        (18, 9, 300, (7, 3), False),
+        (6, 3, 1, (7, 1), True),
+        (54, 27, 2100, (7, 9), True),  # too long to unfold in the same launch
+        (54, 27, 3000, None, False),  # several blocks of x
+        (0, 5, 4, None, False),  # x's first sample not in the window: two launches
+    ]
+    for kept, kept_r, n, unfold, in_place in cases:
+        x = _randn(2, 37, n, device=device, dtype=torch.float16, seed=kept + n, scale=3.0)
+        last = _randn(2, 37, kept + n + 5, device=device, dtype=dtype, seed=n)
+        last_r = _randn(2, 37, kept_r + n + 3, device=device, dtype=torch.float16, seed=n + 2)
+        length = kept + n if kept else n - 1
+        expected_r = torch.cat([last_r, x], -1)[..., -(kept_r + n) :].clone()
+        ref_r = torch.full_like(expected_r, float("nan"))
+        expected = reference.sequence_tail(last, x, length, alpha=alpha, raw=(last_r, kept_r + n, ref_r))
+        assert torch.equal(ref_r, expected_r)
+        if in_place:  # a repeated push size: both previous buffers are the ones written
+            last, last_r = last[..., -length:].clone(), last_r[..., -(kept_r + n) :].clone()
+            out, out_r = last, last_r
+        else:
+            _poison(device)
+            out, out_r = None, torch.full_like(expected_r, float("nan"))
+        raw = (last_r, kept_r + n, out_r)
+        window = fast.sequence_tail(last, x, length, out=out, alpha=alpha, unfold=unfold, raw=raw)
+        assert (window is last) == in_place
+        assert torch.allclose(window, expected, rtol=2e-3, atol=1e-6)  # Snake's last bit: see above
+        assert torch.equal(out_r, expected_r)
+    with pytest.raises(ValueError, match="cannot hold"):
+        fast.sequence_tail(last, x, length, raw=(last_r, kept_r + n, out_r[..., :-1]))
+
+
 def test_float64_and_bad_arguments_take_the_reference_or_raise(target):
     fast, device = target
     x, hist, w, b = _conv_inputs(8, 8, 7, 12, 3, device, torch.float64, seed=3)

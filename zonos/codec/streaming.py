@@ -29,8 +29,8 @@ frames: ``3 + 39 + 1 + 2*39 + 2*2 + 8*39 + 8*4 + 64*39 + 64*4 + 512*3 = 4757``.
 Calls: each layer makes the one-shot decoder's :mod:`zonos.ops` calls on ``[history | new]`` windows: a
 ``conv1d`` or ``conv_transpose1d`` per conv (bias, the residual add and the final tanh inside it), a
 ``sequence_tail`` per conv input window (the kept history, then Snake's outputs for the new samples, in the
-conv's dtype: the same Snake as the one-shot decoder's ``snake``) and per residual unit's pending inputs; a
-residual unit's inner Snake is applied by its first conv: ~61 launches per steady push (one each on the Triton
+conv's dtype: the same Snake as the one-shot decoder's ``snake``; a residual unit's also keeps its raw inputs); a
+residual unit's inner Snake is applied by its first conv: ~49 launches per steady push (one each on the Triton
 path).
 
 Cost: the convolutions do the one-shot decoder's multiply-accumulates, whatever the chunk sizes, plus one
@@ -167,11 +167,6 @@ class _Stage:
             buf = self._buffers[key] = like.new_empty(shape)
         return buf
 
-    def _tail(self, attr: str, history: Tensor, x: Tensor, length: int) -> Tensor:
-        """The last ``length`` samples of ``[history | x]``: the stage's next state (in place once it has its
-        final length, with ``static`` set)."""
-        return ops.sequence_tail(history, x, length, out=self._empty(attr, (*history.shape[:2], length), history))
-
 
 def _weights(conv: nn.Module, params: _Params) -> tuple[Tensor, Tensor | None]:
     return params(conv.weight), params(conv.bias)
@@ -200,16 +195,20 @@ class _Windowed(_Stage):
         super().reset()
         self.window: Tensor | None = None
 
-    def _next_window(self, x: Tensor) -> Tensor:
-        """The window of ``x``'s samples: the kept history, then Snake's outputs (or ``x``, cast)."""
-        dtype = conv_dtype(x, self.conv.weight)
+    def _kept(self) -> int:
+        """How many samples of the last window the next one keeps."""
+        return min(self.initial if self.window is None else self.window.shape[-1], self.context)
+
+    def _next_window(self, x: Tensor, raw: tuple[Tensor, int, Tensor] | None = None) -> Tensor:
+        """The window of ``x``'s samples: the kept history, then Snake's outputs (or ``x``, cast).  ``raw``:
+        ``sequence_tail``'s, kept in the same call."""
         last = self.window
         if last is None:
-            last = x.new_zeros(*x.shape[:2], self.initial, dtype=dtype)
-        kept = min(last.shape[-1], self.context)
-        window = self._empty("window", (*x.shape[:2], kept + x.shape[-1]), last)
+            last = x.new_zeros(*x.shape[:2], self.initial, dtype=conv_dtype(x, self.conv.weight))
+        length = self._kept() + x.shape[-1]
+        window = self._empty("window", (*x.shape[:2], length), last)
         alpha = None if self.snake is None else self.snake.alpha
-        self.window = ops.sequence_tail(last, x, kept + x.shape[-1], out=window, alpha=alpha, unfold=self.unfold)
+        self.window = ops.sequence_tail(last, x, length, out=window, alpha=alpha, unfold=self.unfold, raw=raw)
         return self.window
 
 
@@ -252,12 +251,14 @@ class _Conv(_Windowed):
 class _ResUnit(_Conv):
     """A :class:`~zonos.codec.dac.ResidualUnit`: ``x + conv2(snake2(conv1(snake1(x))))``.
 
-    conv1 streams as a :class:`_Conv`; the kernel-1 conv2 adds the residual as it stores, reading it from
-    ``[pending | x]``, where ``pending`` holds the raw inputs whose conv1 output is not final yet (conv1's window
-    samples from ``3 d`` on: its centre tap).  ``pending`` advances after conv2 has read it.
+    conv1 streams as a :class:`_Conv`; the kernel-1 conv2 adds the residual as it stores, reading it from ``raw``:
+    the raw inputs whose conv1 output was not final after the last push (conv1's window samples from ``3 d`` on:
+    its centre tap), then this push's.  ``raw`` is kept by the same ``sequence_tail`` as conv1's window (one
+    launch for both on the Triton path), and the first ``n`` samples that conv2 reads of it are those of its
+    ``n`` outputs.
     """
 
-    state_attrs = ("window", "pending")
+    state_attrs = ("window", "raw")
 
     def __init__(self, unit: ResidualUnit, params: _Params) -> None:
         super().__init__(unit.conv1, params, unit.snake1)
@@ -265,18 +266,19 @@ class _ResUnit(_Conv):
 
     def reset(self) -> None:
         super().reset()
-        self.pending: Tensor | None = None
+        self.raw: Tensor | None = None
 
     def push(self, x: Tensor) -> Tensor | None:
-        window = self._next_window(x)
-        pending = self.pending if self.pending is not None else x.new_zeros(*x.shape[:2], 0)
+        last = self.raw if self.raw is not None else x.new_zeros(*x.shape[:2], 0)
+        length = self._kept() - self.left + x.shape[-1]  # the inputs still pending, then x
+        raw = self._empty("raw", (*x.shape[:2], length), last)
+        window = self._next_window(x, raw=(last, length, raw))
+        self.raw = raw
         h = self._conv(window, alpha=self.unit.snake2.alpha)  # snake2(conv1(...))
-        y = None
-        if h is not None:
-            weight, bias = _weights(self.unit.conv2, self.params)
-            y = ops.conv1d(h, weight, bias, residual=x, residual_history=pending, dtype=h.dtype)
-        self.pending = self._tail("pending", pending, x, min(window.shape[-1], self.context) - self.left)
-        return y
+        if h is None:
+            return None
+        weight, bias = _weights(self.unit.conv2, self.params)
+        return ops.conv1d(h, weight, bias, residual=raw, dtype=h.dtype)
 
 
 class _ConvTranspose(_Windowed):

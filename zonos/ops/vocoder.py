@@ -113,6 +113,7 @@ def sequence_tail(
     out: torch.Tensor | None = None,
     alpha: torch.Tensor | None = None,
     unfold: tuple[int, int] | None = None,
+    raw: tuple[torch.Tensor, int, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """The last ``length`` samples of ``[history | x]`` in ``history``'s dtype, with ``snake(x, alpha)`` in place
     of ``x`` when ``alpha`` is given: a stream layer's next history, or its next input window (the kept history,
@@ -121,9 +122,16 @@ def sequence_tail(
 
     ``unfold=(kernel, dilation)`` says that :func:`conv1d` with that kernel size and dilation (no padding, in
     ``history``'s dtype) reads the result next.  It changes nothing here; a fast path may prepare that conv's
-    operands in the same launch."""
+    operands in the same launch.
+
+    ``raw=(history2, length2, out2)`` also writes the last ``length2`` samples of ``[history2 | x]``, with ``x``
+    as given (no Snake), into ``out2`` under the same rules as ``out``: a residual unit's raw inputs, kept beside
+    its first conv's window, so that a fast path reads ``x`` once for both."""
     if unfold is not None:
         check_unfold(unfold)
+    if raw is not None:
+        raw_history, raw_length, raw_out = raw
+        sequence_tail(raw_history, x, raw_length, out=raw_out)
     if alpha is not None:
         if alpha.numel() != x.shape[1]:
             raise ValueError(f"Snake needs {x.shape[1]} alphas; got {alpha.numel()}")

@@ -295,10 +295,13 @@ def _unfold_kernel(
 
 @triton.jit
 def _tail_kernel(
-    h_ptr, x_ptr, alpha_ptr, out_ptr, C, H, n, length, s_a,
-    s_hb, s_hc, s_ht, s_xb, s_xc, s_xt, s_ob, s_oc, s_ot,
-    BLOCK_C: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_X: tl.constexpr, SNAKE: tl.constexpr,
+    h_ptr, x_ptr, alpha_ptr, out_ptr, rh_ptr, rout_ptr, C, H, n, length, H_r, length_r, s_a,
+    s_hb, s_hc, s_ht, s_xb, s_xc, s_xt, s_ob, s_oc, s_ot, s_rhb, s_rhc, s_rht, s_rob, s_roc, s_rot,
+    BLOCK_C: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_X: tl.constexpr, SNAKE: tl.constexpr, RAW: tl.constexpr,
 ):  # fmt: skip
+    """The last ``length`` samples of ``[history | x]`` (Snake's outputs for x with ``SNAKE``) and, with ``RAW``,
+    the last ``length_r`` of ``[raw history | x]`` (x as it is), which take the same samples of x (the wrapper
+    checks it)."""
     c = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
     b = tl.program_id(2).to(tl.int64)
     c_ok = (c < C)[:, None]
@@ -309,46 +312,67 @@ def _tail_kernel(
     # Blocks of x's kept samples, counted from the end: block 0 holds the last BLOCK_X of them.
     j = n_x - (tl.program_id(1) + 1) * BLOCK_X + tl.arange(0, BLOCK_X)
     x_ok = c_ok & ((j >= 0) & (j < n_x))[None, :]
-    v = tl.load(x_ptr + b * s_xb + c64 * s_xc + (n - n_x + j)[None, :] * s_xt, mask=x_ok, other=0.0)
-    v = v.to(tl.float32)
+    v_in = tl.load(x_ptr + b * s_xb + c64 * s_xc + (n - n_x + j)[None, :] * s_xt, mask=x_ok, other=0.0)
+    v = v_in.to(tl.float32)
     if SNAKE:
         v = snake_fp32(v, tl.load(alpha_ptr + c * s_a, mask=c < C, other=1.0).to(tl.float32)[:, None])
     out_rows = out_ptr + b * s_ob + c64 * s_oc
+    raw_rows = rout_ptr + b * s_rob + c64 * s_roc
+    n_hr = length_r - n_x
     if tl.program_id(1) == 0:
         # out may be the leading samples of the history's buffer.  The kept history then overlaps at most the
-        # last n_h <= BLOCK_X samples out gets from x, which this program writes: it reads all first.
+        # last n_h <= BLOCK_X samples out gets from x, which this program writes: it reads all first (the same
+        # for the raw tail).
         i = tl.arange(0, BLOCK_H)
         h_ok = c_ok & (i < n_h)[None, :]
         kept = tl.load(h_ptr + b * s_hb + c64 * s_hc + (start + i)[None, :] * s_ht, mask=h_ok, other=0.0)
+        if RAW:
+            r_ok = c_ok & (i < n_hr)[None, :]
+            kept_r = tl.load(rh_ptr + b * s_rhb + c64 * s_rhc + (H_r - n_hr + i)[None, :] * s_rht, mask=r_ok)
         tl.debug_barrier()
         tl.store(out_rows + i[None, :] * s_ot, kept, mask=h_ok)
+        if RAW:
+            tl.store(raw_rows + i[None, :] * s_rot, kept_r, mask=r_ok)
     tl.store(out_rows + (n_h + j)[None, :] * s_ot, v.to(out_ptr.dtype.element_ty), mask=x_ok)
+    if RAW:
+        tl.store(raw_rows + (n_hr + j)[None, :] * s_rot, v_in.to(rout_ptr.dtype.element_ty), mask=x_ok)
 
 
 @triton.jit
 def _tail_unfold_kernel(
-    h_ptr, x_ptr, alpha_ptr, out_ptr, cols_ptr, H, n, length, n_out, dilation, s_a,
-    s_hb, s_hc, s_ht, s_xb, s_xc, s_xt, s_ob, s_oc, s_ot, s_cb, s_cr,
+    h_ptr, x_ptr, alpha_ptr, out_ptr, cols_ptr, rh_ptr, rout_ptr, H, n, length, H_r, length_r, n_out, dilation, s_a,
+    s_hb, s_hc, s_ht, s_xb, s_xc, s_xt, s_ob, s_oc, s_ot, s_cb, s_cr, s_rhb, s_rhc, s_rht, s_rob, s_roc, s_rot,
     K: tl.constexpr, KP: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_S: tl.constexpr, SNAKE: tl.constexpr,
+    RAW: tl.constexpr,
 ):  # fmt: skip
-    """``_tail_kernel``'s window, one channel row per program, then that row unfolded for the conv that reads the
-    window next (``_unfold``'s rows ``c KP + k``: window samples ``k dilation + t``, ``t < n_out``).  Owning the
-    whole row, the program reads the kept history before it writes any of it (``out`` may be the history's
-    buffer) and reads the window back after writing it (a CTA barrier orders its threads' global memory)."""
+    """``_tail_kernel``'s window (and raw tail), one channel row per program, then that row unfolded for the conv
+    that reads the window next (``_unfold``'s rows ``c KP + k``: window samples ``k dilation + t``,
+    ``t < n_out``).  Owning the whole row, the program reads the kept history before it writes any of it (``out``
+    may be the history's buffer) and reads the window back after writing it (a CTA barrier orders its threads'
+    global memory)."""
     c = tl.program_id(0).to(tl.int64)
     b = tl.program_id(1).to(tl.int64)
     start = H + n - length  # the first kept sample of [history | x]
     n_h = tl.maximum(H - start, 0)
     n_x = length - n_h
+    n_hr = length_r - n_x
     row = out_ptr + b * s_ob + c * s_oc
+    raw_row = rout_ptr + b * s_rob + c * s_roc
     i = tl.arange(0, BLOCK_H)
     kept = tl.load(h_ptr + b * s_hb + c * s_hc + (start + i) * s_ht, mask=i < n_h, other=0.0)
+    if RAW:
+        kept_r = tl.load(rh_ptr + b * s_rhb + c * s_rhc + (H_r - n_hr + i) * s_rht, mask=i < n_hr)
     tl.debug_barrier()
     tl.store(row + i * s_ot, kept, mask=i < n_h)
+    if RAW:
+        tl.store(raw_row + i * s_rot, kept_r, mask=i < n_hr)
     alpha = tl.load(alpha_ptr + c * s_a).to(tl.float32)
     for j0 in range(0, n_x, BLOCK_S):
         j = j0 + tl.arange(0, BLOCK_S)
-        v = tl.load(x_ptr + b * s_xb + c * s_xc + (n - n_x + j) * s_xt, mask=j < n_x, other=0.0).to(tl.float32)
+        v_in = tl.load(x_ptr + b * s_xb + c * s_xc + (n - n_x + j) * s_xt, mask=j < n_x, other=0.0)
+        if RAW:
+            tl.store(raw_row + (n_hr + j) * s_rot, v_in.to(rout_ptr.dtype.element_ty), mask=j < n_x)
+        v = v_in.to(tl.float32)
         if SNAKE:
             v = snake_fp32(v, alpha)
         tl.store(row + (n_h + j) * s_ot, v.to(out_ptr.dtype.element_ty), mask=j < n_x)
@@ -679,6 +703,20 @@ def conv_transpose1d(
     return out
 
 
+def _tail_out(history: torch.Tensor, x: torch.Tensor, length: int, out: torch.Tensor | None) -> torch.Tensor:
+    """``out`` (a new tensor if None) after checking that it can hold the last ``length`` of ``[history | x]``."""
+    if x.dim() != 3 or x.shape[:2] != history.shape[:2] or x.device != history.device:
+        raise ValueError(f"history {tuple(history.shape)} does not continue x {tuple(x.shape)} on {x.device}")
+    batch, channels, H = history.shape
+    if not 0 <= length <= H + x.shape[-1]:
+        raise ValueError(f"cannot keep {length} of {H + x.shape[-1]} samples")
+    if out is None:
+        return torch.empty(batch, channels, length, dtype=history.dtype, device=history.device)
+    if out.shape != (batch, channels, length) or out.dtype != history.dtype or out.device != history.device:
+        raise ValueError(f"out {tuple(out.shape)} {out.dtype} cannot hold the {length} last samples")
+    return out
+
+
 def sequence_tail(
     history: torch.Tensor,
     x: torch.Tensor,
@@ -687,53 +725,59 @@ def sequence_tail(
     out: torch.Tensor | None = None,
     alpha: torch.Tensor | None = None,
     unfold: tuple[int, int] | None = None,
+    raw: tuple[torch.Tensor, int, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Same contract as :func:`zonos.ops.vocoder.sequence_tail` (Snake bit for bit as :mod:`.snake` computes it);
     ``out`` may be the leading samples of ``history``'s buffer (a stream layer's window updated in place).  With
     ``unfold`` it also writes, in the same launch, the unfolded input of the dense conv that reads the window next
-    (:func:`conv1d` takes it over instead of unfolding the window itself: one launch less per layer)."""
+    (:func:`conv1d` takes it over instead of unfolding the window itself: one launch less per layer).  ``raw``
+    shares the launch too whenever it keeps the same samples of ``x`` as the window (a residual unit's raw inputs
+    and its conv's window both keep all of a push's samples)."""
     global _handoff
     if unfold is not None:
         reference.check_unfold(unfold)
     if history.dtype == torch.float64:
-        return reference.sequence_tail(history, x, length, out=out, alpha=alpha)
-    if x.dim() != 3 or x.shape[:2] != history.shape[:2] or x.device != history.device:
-        raise ValueError(f"history {tuple(history.shape)} does not continue x {tuple(x.shape)} on {x.device}")
+        return reference.sequence_tail(history, x, length, out=out, alpha=alpha, raw=raw)
+    out = _tail_out(history, x, length, out)
     batch, channels, H = history.shape
     n = x.shape[-1]
-    if not 0 <= length <= H + n:
-        raise ValueError(f"cannot keep {length} of {H + n} samples")
     if alpha is not None and alpha.numel() != channels:
         raise ValueError(f"Snake needs {channels} alphas; got {alpha.numel()}")
-    if out is None:
-        out = torch.empty(batch, channels, length, dtype=history.dtype, device=history.device)
-    elif out.shape != (batch, channels, length) or out.dtype != history.dtype:
-        raise ValueError(f"out {tuple(out.shape)} {out.dtype} cannot hold the {length} last samples")
+    if raw is not None:
+        raw_history, raw_length, raw_out = raw
+        raw_out = _tail_out(raw_history, x, raw_length, raw_out)
+        if out.numel() == 0 or raw_out.numel() == 0 or min(raw_length, n) != min(length, n):
+            sequence_tail(raw_history, x, raw_length, out=raw_out)
+            raw = None
     if out.numel() == 0:
         return out
     n_h = max(H - (H + n - length), 0)
+    if raw is None:  # the kernels' raw pointers are then unused
+        raw_history, raw_out, raw_length = history, out, length - n_h
+    H_r, n_hr = raw_history.shape[-1], raw_length - (length - n_h)  # n_hr: raw samples kept from raw_history
+    a = history if alpha is None else alpha.reshape(channels)
+    s_a = a.stride(0) if alpha is not None else 0
+    block_h = max(16, triton.next_power_of_2(max(n_h, n_hr)))
     k, dilation = unfold or (1, 1)
     kp, n_out = triton.next_power_of_2(k), length - (k - 1) * dilation
     if k > 1 and 0 < n_out and length <= FUSED_TAIL_SAMPLES and _dense(batch, channels * kp, n_out, out.dtype):
         cols = torch.empty(batch, channels * kp, _padded(n_out), dtype=out.dtype, device=out.device)
-        a = history if alpha is None else alpha.reshape(channels)
         _tail_unfold_kernel[(channels, batch)](
-            history, x, a, out, cols, H, n, length, n_out, dilation, a.stride(0) if alpha is not None else 0,
-            *history.stride(), *x.stride(), *out.stride(), cols.stride(0), cols.stride(1),
-            K=k, KP=kp, BLOCK_H=max(16, triton.next_power_of_2(n_h)), BLOCK_S=256, SNAKE=alpha is not None,
-            num_warps=4, enable_fp_fusion=False,  # Snake rounded as torch rounds it
+            history, x, a, out, cols, raw_history, raw_out, H, n, length, H_r, raw_length, n_out, dilation,
+            s_a, *history.stride(), *x.stride(), *out.stride(), cols.stride(0), cols.stride(1),
+            *raw_history.stride(), *raw_out.stride(), K=k, KP=kp, BLOCK_H=block_h, BLOCK_S=256,
+            SNAKE=alpha is not None, RAW=raw is not None, num_warps=4,
+            enable_fp_fusion=False,  # Snake rounded as torch rounds it
         )  # fmt: skip
         _handoff = (out, tensor_version(out), (k, dilation, n_out, out.dtype), cols)
         return out
-    block_h = max(16, triton.next_power_of_2(n_h))
-    block_x = max(block_h, min(1024, triton.next_power_of_2(length - n_h)))  # >= n_h: see the kernel
+    block_x = max(block_h, min(1024, triton.next_power_of_2(length - n_h)))  # >= n_h, n_hr: see the kernel
     block_c = max(1, min(triton.next_power_of_2(channels), 2048 // block_x))
-    a = history if alpha is None else alpha.reshape(channels)
     grid = (triton.cdiv(channels, block_c), max(1, triton.cdiv(length - n_h, block_x)), batch)
     _tail_kernel[grid](
-        history, x, a, out, channels, H, n, length, a.stride(0) if alpha is not None else 0,
-        *history.stride(), *x.stride(), *out.stride(),
-        BLOCK_C=block_c, BLOCK_H=block_h, BLOCK_X=block_x, SNAKE=alpha is not None, num_warps=4,
-        enable_fp_fusion=False,  # Snake rounded as torch rounds it
+        history, x, a, out, raw_history, raw_out, channels, H, n, length, H_r, raw_length, s_a,
+        *history.stride(), *x.stride(), *out.stride(), *raw_history.stride(), *raw_out.stride(),
+        BLOCK_C=block_c, BLOCK_H=block_h, BLOCK_X=block_x, SNAKE=alpha is not None, RAW=raw is not None,
+        num_warps=4, enable_fp_fusion=False,  # Snake rounded as torch rounds it
     )  # fmt: skip
     return out

@@ -427,6 +427,37 @@ def test_sequence_tail_unfolds_the_next_convs_input(target, dtype, monkeypatch):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+def test_sequence_tail_unfolds_the_next_transposed_convs_input(target, dtype, monkeypatch):
+    """``sequence_tail(..., unfold=(kernel, stride, start, length))``: the window and, in the same launch, the
+    unfolded input of the transposed conv that reads it next, which takes it over: the same samples bit for bit as
+    without the hint, for a steady push's span, a span that skips a crop at the start, and one that begins past the
+    window's first input (taps before it are zeros)."""
+    fast, device = target
+    alpha = (torch.rand(37, generator=torch.Generator().manual_seed(7)) * 2 + 0.1).to(device)
+    unfolds = []
+    unfold = fast._unfold
+    monkeypatch.setattr(fast, "_unfold", lambda *a: unfolds.append(a) or unfold(*a))
+    for k, stride, n, start_at in [(16, 8, 2, 0), (16, 8, 5, 3), (8, 4, 1, 0), (4, 2, 37, 5), (16, 8, 3, -8)]:
+        w = _randn(37, 19, k, device=device, dtype=torch.float32, seed=k + n, scale=(37 * k) ** -0.5)
+        b = _randn(19, device=device, dtype=torch.float32, seed=n, scale=0.1)
+        x = _randn(2, 37, n, device=device, dtype=torch.float16, seed=n + 1, scale=3.0)
+        last = _randn(2, 37, 1 + n, device=device, dtype=dtype, seed=n + 2)
+        start = stride + start_at if start_at >= 0 else 0  # from the first new input (the history's), or before it
+        length = (1 + n) * stride - start
+        plain = fast.sequence_tail(last, x, 1 + n, alpha=alpha)
+        expected = fast.conv_transpose1d(plain, w, b, stride=stride, start=start, length=length, dtype=dtype)
+        assert len(unfolds) == 1
+        _poison(device)
+        hinted = fast.sequence_tail(last, x, 1 + n, out=last, alpha=alpha, unfold=(k, stride, start, length))
+        assert hinted is last and torch.equal(hinted, plain)
+        got = fast.conv_transpose1d(hinted, w, b, stride=stride, start=start, length=length, dtype=dtype)
+        assert torch.equal(got, expected) and len(unfolds) == 1  # taken over
+        fast.conv_transpose1d(hinted, w, b, stride=stride, start=start, length=length, dtype=dtype)
+        assert len(unfolds) == 2  # once only
+        unfolds.clear()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
 def test_sequence_tail_keeps_raw_inputs_in_the_same_call(target, dtype):
     """``sequence_tail(..., raw=(history2, length2, out2))``: besides the window, the last ``length2`` samples of
     ``[history2 | x]`` with x as given (a residual unit's raw inputs), in place or into a new buffer, with the window
@@ -586,7 +617,7 @@ def test_reference_rejects_bad_arguments():
         reference.conv1d(x, w, alpha=torch.ones(3))
     with pytest.raises(ValueError, match="4 alphas; got 2"):
         reference.sequence_tail(x, x, 3, alpha=torch.ones(2))
-    for bad in [(7, 0), (7,), (7.0, 1), [7, 1]]:
+    for bad in [(7, 0), (7,), (7.0, 1), [7, 1], (16, 0, 0, 8), (16, 8, -1, 8), (16, 8, 0)]:
         with pytest.raises(ValueError, match="unfold must be"):
             reference.sequence_tail(x, x, 3, unfold=bad)
     assert torch.equal(reference.sequence_tail(x, x, 12, unfold=(3, 2)), reference.sequence_tail(x, x, 12))

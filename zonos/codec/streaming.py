@@ -199,16 +199,19 @@ class _Windowed(_Stage):
         """How many samples of the last window the next one keeps."""
         return min(self.initial if self.window is None else self.window.shape[-1], self.context)
 
-    def _next_window(self, x: Tensor, raw: tuple[Tensor, int, Tensor] | None = None) -> Tensor:
+    def _next_window(
+        self, x: Tensor, raw: tuple[Tensor, int, Tensor] | None = None, unfold: tuple[int, ...] | None = None
+    ) -> Tensor:
         """The window of ``x``'s samples: the kept history, then Snake's outputs (or ``x``, cast).  ``raw``:
-        ``sequence_tail``'s, kept in the same call."""
+        ``sequence_tail``'s, kept in the same call; ``unfold``: its hint, if not :attr:`unfold`."""
         last = self.window
         if last is None:
             last = x.new_zeros(*x.shape[:2], self.initial, dtype=conv_dtype(x, self.conv.weight))
         length = self._kept() + x.shape[-1]
         window = self._empty("window", (*x.shape[:2], length), last)
         alpha = None if self.snake is None else self.snake.alpha
-        self.window = ops.sequence_tail(last, x, length, out=window, alpha=alpha, unfold=self.unfold, raw=raw)
+        unfold = unfold or self.unfold
+        self.window = ops.sequence_tail(last, x, length, out=window, alpha=alpha, unfold=unfold, raw=raw)
         return self.window
 
 
@@ -312,22 +315,30 @@ class _ConvTranspose(_Windowed):
         super().reset()
         self.to_skip = self.padding
 
-    def _conv(self, window: Tensor, end: int) -> Tensor | None:
-        """Uncropped samples ``h s + to_skip .. end - 1`` over ``window`` (None: none), skipping the crop."""
+    def _span(self, end: int) -> tuple[int, int]:
+        """(start, length) of the uncropped samples ``h s + to_skip .. end - 1``: those a call up to ``end`` makes."""
         first = self.context * self.stride
         drop = min(self.to_skip, max(end - first, 0))
-        self.to_skip -= drop
-        if end - first - drop <= 0:
+        return first + drop, end - first - drop
+
+    def _conv(self, window: Tensor, end: int) -> Tensor | None:
+        """Uncropped samples ``h s + to_skip .. end - 1`` over ``window`` (None: none), skipping the crop."""
+        start, length = self._span(end)
+        self.to_skip -= start - self.context * self.stride
+        if length <= 0:
             return None
         weight, bias = _weights(self.conv, self.params)
         return ops.conv_transpose1d(
-            window, weight, bias, stride=self.stride, start=first + drop, length=end - first - drop, dtype=window.dtype
+            window, weight, bias, stride=self.stride, start=start, length=length, dtype=window.dtype
         )
 
     def push(self, x: Tensor) -> Tensor | None:
         if x.shape[-1] == 0:
             return None
-        return self._conv(self._next_window(x), x.shape[-1] * self.stride + self.context * self.stride)
+        end = (x.shape[-1] + self.context) * self.stride
+        start, length = self._span(end)
+        hint = (self.kernel, self.stride, start, length) if length > 0 else None
+        return self._conv(self._next_window(x, unfold=hint), end)
 
     def flush(self) -> Tensor | None:
         w, self.window = self.window, None

@@ -73,10 +73,15 @@ def conv1d(
     return snake(y, alpha.reshape(1, -1, 1), dtype)
 
 
-def check_unfold(unfold: tuple[int, int]) -> None:
-    """Raise ValueError unless ``unfold`` is a (kernel size, dilation) pair of positive ints."""
-    if not (isinstance(unfold, tuple) and len(unfold) == 2 and all(isinstance(v, int) and v > 0 for v in unfold)):
-        raise ValueError(f"unfold must be (kernel size, dilation), two positive ints; got {unfold!r}")
+def check_unfold(unfold: tuple[int, ...]) -> None:
+    """Raise ValueError unless ``unfold`` is a :func:`sequence_tail` hint: ``(kernel size, dilation)``, two positive
+    ints, or ``(kernel size, stride, start, length)``, positive, positive and two non-negative ints."""
+    ok = isinstance(unfold, tuple) and len(unfold) in (2, 4) and all(type(v) is int for v in unfold)
+    if not (ok and min(unfold[:2]) > 0 and min(unfold[2:], default=0) >= 0):
+        raise ValueError(
+            "unfold must be (kernel size, dilation) of a conv1d or (kernel size, stride, start, length) of a "
+            f"conv_transpose1d; got {unfold!r}"
+        )
 
 
 def conv_transpose1d(
@@ -112,7 +117,7 @@ def sequence_tail(
     *,
     out: torch.Tensor | None = None,
     alpha: torch.Tensor | None = None,
-    unfold: tuple[int, int] | None = None,
+    unfold: tuple[int, ...] | None = None,
     raw: tuple[torch.Tensor, int, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """The last ``length`` samples of ``[history | x]`` in ``history``'s dtype, with ``snake(x, alpha)`` in place
@@ -121,8 +126,9 @@ def sequence_tail(
     ``history``'s own buffer (a window updated in place).
 
     ``unfold=(kernel, dilation)`` says that :func:`conv1d` with that kernel size and dilation (no padding, in
-    ``history``'s dtype) reads the result next.  It changes nothing here; a fast path may prepare that conv's
-    operands in the same launch.
+    ``history``'s dtype) reads the result next; ``unfold=(kernel, stride, start, length)``, that
+    :func:`conv_transpose1d` with that kernel size, stride, start and length does.  It changes nothing here; a fast
+    path may prepare that conv's operands in the same launch.
 
     ``raw=(history2, length2, out2)`` also writes the last ``length2`` samples of ``[history2 | x]``, with ``x``
     as given (no Snake), into ``out2`` under the same rules as ``out``: a residual unit's raw inputs, kept beside

@@ -340,48 +340,55 @@ def _tail_kernel(
 
 @triton.jit
 def _tail_unfold_kernel(
-    h_ptr, x_ptr, alpha_ptr, out_ptr, cols_ptr, rh_ptr, rout_ptr, H, n, length, H_r, length_r, n_out, dilation, s_a,
+    h_ptr, x_ptr, alpha_ptr, out_ptr, cols_ptr, rh_ptr, rout_ptr, H, n, length, H_r, length_r, n_out, first, step, s_a,
     s_hb, s_hc, s_ht, s_xb, s_xc, s_xt, s_ob, s_oc, s_ot, s_cb, s_cr, s_rhb, s_rhc, s_rht, s_rob, s_roc, s_rot,
-    K: tl.constexpr, KP: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_S: tl.constexpr, SNAKE: tl.constexpr,
-    RAW: tl.constexpr,
+    K: tl.constexpr, KP: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_T: tl.constexpr,
+    SNAKE: tl.constexpr, RAW: tl.constexpr,
 ):  # fmt: skip
-    """``_tail_kernel``'s window (and raw tail), one channel row per program, then that row unfolded for the conv
-    that reads the window next (``_unfold``'s rows ``c KP + k``: window samples ``k dilation + t``,
-    ``t < n_out``).  Owning the whole row, the program reads the kept history before it writes any of it (``out``
-    may be the history's buffer) and reads the window back after writing it (a CTA barrier orders its threads'
-    global memory)."""
+    """``_tail_kernel``'s window (and raw tail), one channel row per program, then that window unfolded for the conv
+    that reads it next (``_unfold``'s rows ``c KP + k``: window samples ``first + k step + t``, ``t < n_out``; zeros
+    outside the window and for ``k >= K``).  Owning the whole row, the program loads the kept history and x's first
+    block before it writes any of the row (``out`` may be the history's buffer), and reads the window back after
+    writing it, all taps of a block of samples in one load (a CTA barrier orders its threads' global memory)."""
     c = tl.program_id(0).to(tl.int64)
     b = tl.program_id(1).to(tl.int64)
     start = H + n - length  # the first kept sample of [history | x]
     n_h = tl.maximum(H - start, 0)
     n_x = length - n_h
     n_hr = length_r - n_x
+    x_row = x_ptr + b * s_xb + c * s_xc + (n - n_x) * s_xt
     row = out_ptr + b * s_ob + c * s_oc
     raw_row = rout_ptr + b * s_rob + c * s_roc
+    alpha = tl.load(alpha_ptr + c * s_a).to(tl.float32)
     i = tl.arange(0, BLOCK_H)
     kept = tl.load(h_ptr + b * s_hb + c * s_hc + (start + i) * s_ht, mask=i < n_h, other=0.0)
     if RAW:
         kept_r = tl.load(rh_ptr + b * s_rhb + c * s_rhc + (H_r - n_hr + i) * s_rht, mask=i < n_hr)
+    j = tl.arange(0, BLOCK_S)
+    x0 = tl.load(x_row + j * s_xt, mask=j < n_x, other=0.0)  # x's first block (all of it in a short push)
     tl.debug_barrier()
     tl.store(row + i * s_ot, kept, mask=i < n_h)
     if RAW:
         tl.store(raw_row + i * s_rot, kept_r, mask=i < n_hr)
-    alpha = tl.load(alpha_ptr + c * s_a).to(tl.float32)
     for j0 in range(0, n_x, BLOCK_S):
-        j = j0 + tl.arange(0, BLOCK_S)
-        v_in = tl.load(x_ptr + b * s_xb + c * s_xc + (n - n_x + j) * s_xt, mask=j < n_x, other=0.0)
+        jj = j0 + j
+        if j0 == 0:
+            v_in = x0
+        else:
+            v_in = tl.load(x_row + jj * s_xt, mask=jj < n_x, other=0.0)
         if RAW:
-            tl.store(raw_row + (n_hr + j) * s_rot, v_in.to(rout_ptr.dtype.element_ty), mask=j < n_x)
+            tl.store(raw_row + (n_hr + jj) * s_rot, v_in.to(rout_ptr.dtype.element_ty), mask=jj < n_x)
         v = v_in.to(tl.float32)
         if SNAKE:
             v = snake_fp32(v, alpha)
-        tl.store(row + (n_h + j) * s_ot, v.to(out_ptr.dtype.element_ty), mask=j < n_x)
+        tl.store(row + (n_h + jj) * s_ot, v.to(out_ptr.dtype.element_ty), mask=jj < n_x)
     tl.debug_barrier()
-    for k in tl.static_range(KP):
-        for t0 in range(0, n_out, BLOCK_S):
-            t = t0 + tl.arange(0, BLOCK_S)
-            v = tl.load(row + (t + k * dilation) * s_ot, mask=(t < n_out) & (k < K), other=0.0)
-            tl.store(cols_ptr + b * s_cb + (c * KP + k) * s_cr + t, v, mask=t < n_out)
+    k = tl.arange(0, KP)[:, None]
+    for t0 in range(0, n_out, BLOCK_T):
+        t = t0 + tl.arange(0, BLOCK_T)[None, :]
+        p = first + k * step + t
+        v = tl.load(row + p * s_ot, mask=(t < n_out) & (k < K) & (p >= 0) & (p < length), other=0.0)
+        tl.store(cols_ptr + b * s_cb + (c * KP + k) * s_cr + t, v, mask=t < n_out)
 
 
 # -- wrappers ------------------------------------------------------------------------------------------
@@ -564,19 +571,30 @@ def _packed(weight: torch.Tensor, layout: tuple, pack: Callable[[torch.Tensor], 
 FUSED_TAIL_SAMPLES = 2048
 
 # The unfolded input that the last ``sequence_tail(..., unfold=...)`` wrote in its launch, for the conv that reads its
-# window next: (window, its version, (kernel, dilation, outputs, dtype), unfolded rows).
+# window next: (window, its version, ``_unfold``'s arguments after x, unfolded rows).
 _handoff: tuple | None = None
 
 
-def _unfolded(x: torch.Tensor, k: int, kp: int, dilation: int, padding: int, n_out: int, dtype) -> torch.Tensor:
-    """``x`` unfolded for a dense conv: the copy its ``sequence_tail`` made if it made one, else a new one."""
+def _unfolded(x: torch.Tensor, *layout) -> torch.Tensor:
+    """``_unfold(x, *layout)`` for a dense conv: the copy its ``sequence_tail`` made if it made one, else a new one."""
     global _handoff
-    if _handoff is not None and padding == 0:
-        window, version, key, cols = _handoff
-        if window is x and version == tensor_version(x) and key == (k, dilation, n_out, dtype):
+    if _handoff is not None:
+        window, version, made, cols = _handoff
+        if window is x and version == tensor_version(x) and made == layout:
             _handoff = None
             return cols
-    return _unfold(x, k, kp, -padding, dilation, n_out, dtype)
+    return _unfold(x, *layout)
+
+
+def _unfold_layout(unfold: tuple[int, ...], length: int, dtype: torch.dtype) -> tuple:
+    """``_unfold``'s arguments after x for the call that ``sequence_tail``'s ``unfold`` hint names, on a window of
+    ``length`` samples."""
+    if len(unfold) == 2:  # conv1d(kernel, dilation), no padding
+        k, dilation = unfold
+        return k, triton.next_power_of_2(k), 0, dilation, length - (k - 1) * dilation, dtype
+    k, stride, start, n = unfold  # conv_transpose1d: rows c mp + m hold input q - m, for the q of its outputs
+    mp = triton.next_power_of_2(triton.cdiv(k, stride))
+    return mp, mp, start // stride, -1, (start + n - 1) // stride - start // stride + 1, dtype
 
 
 def conv1d(
@@ -633,7 +651,7 @@ def conv1d(
     a = weight if alpha is None else alpha.reshape(c_out)
     dense = k > 1 and _dense(batch, c_in * kp, n_out, dtype)  # kernel-1 inputs are rows already
     if dense:
-        x = _unfolded(x, k, kp, dilation, padding, n_out, dtype)
+        x = _unfolded(x, k, kp, -padding, dilation, n_out, dtype)
         w = _packed(weight, ("conv", dtype), lambda w: _pack_conv(w, kp, dtype))
         x_args, w_args = (x.stride(0), x.stride(1), 1), (w.stride(0), 0, 0)
     else:
@@ -687,7 +705,7 @@ def conv_transpose1d(
     parts, counts = _split_buffers(math.prod(grid), n_groups, block_co, block_q, x) if split else (out, out)
     dense = _dense(batch, c_in * mp, n_q, dtype)
     if dense:  # rows c mp + m: input c at q - m, for every phase
-        x = _unfold(x, mp, mp, q_first, -1, n_q, dtype)
+        x = _unfolded(x, mp, mp, q_first, -1, n_q, dtype)
         w = _packed(weight, ("transposed", stride, dtype), lambda w: _pack_transposed(w, stride, mp, dtype))
         x_args, w_args = (x.stride(0), x.stride(1), 1), (0, w.stride(1), w.stride(0))
     else:
@@ -724,13 +742,14 @@ def sequence_tail(
     *,
     out: torch.Tensor | None = None,
     alpha: torch.Tensor | None = None,
-    unfold: tuple[int, int] | None = None,
+    unfold: tuple[int, ...] | None = None,
     raw: tuple[torch.Tensor, int, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Same contract as :func:`zonos.ops.vocoder.sequence_tail` (Snake bit for bit as :mod:`.snake` computes it);
     ``out`` may be the leading samples of ``history``'s buffer (a stream layer's window updated in place).  With
-    ``unfold`` it also writes, in the same launch, the unfolded input of the dense conv that reads the window next
-    (:func:`conv1d` takes it over instead of unfolding the window itself: one launch less per layer).  ``raw``
+    ``unfold`` it also writes, in the same launch, the unfolded input of the dense conv or transposed conv that
+    reads the window next (:func:`conv1d` or :func:`conv_transpose1d` takes it over instead of unfolding the window
+    itself: one launch less per layer).  ``raw``
     shares the launch too whenever it keeps the same samples of ``x`` as the window (a residual unit's raw inputs
     and its conv's window both keep all of a push's samples)."""
     global _handoff
@@ -758,18 +777,24 @@ def sequence_tail(
     a = history if alpha is None else alpha.reshape(channels)
     s_a = a.stride(0) if alpha is not None else 0
     block_h = max(16, triton.next_power_of_2(max(n_h, n_hr)))
-    k, dilation = unfold or (1, 1)
-    kp, n_out = triton.next_power_of_2(k), length - (k - 1) * dilation
-    if k > 1 and 0 < n_out and length <= FUSED_TAIL_SAMPLES and _dense(batch, channels * kp, n_out, out.dtype):
-        cols = torch.empty(batch, channels * kp, _padded(n_out), dtype=out.dtype, device=out.device)
+    layout = None if unfold is None else _unfold_layout(unfold, length, out.dtype)
+    if (
+        layout is not None
+        and layout[4] > 0
+        and length <= FUSED_TAIL_SAMPLES
+        and _dense(batch, channels * layout[1], layout[4], out.dtype)
+    ):
+        k, kp, first, step, n_cols, _ = layout
+        cols = torch.empty(batch, channels * kp, _padded(n_cols), dtype=out.dtype, device=out.device)
         _tail_unfold_kernel[(channels, batch)](
-            history, x, a, out, cols, raw_history, raw_out, H, n, length, H_r, raw_length, n_out, dilation,
+            history, x, a, out, cols, raw_history, raw_out, H, n, length, H_r, raw_length, n_cols, first, step,
             s_a, *history.stride(), *x.stride(), *out.stride(), cols.stride(0), cols.stride(1),
             *raw_history.stride(), *raw_out.stride(), K=k, KP=kp, BLOCK_H=block_h, BLOCK_S=256,
-            SNAKE=alpha is not None, RAW=raw is not None, num_warps=4,
+            BLOCK_T=min(2048 // kp, max(16, triton.next_power_of_2(n_cols))), SNAKE=alpha is not None,
+            RAW=raw is not None, num_warps=4,
             enable_fp_fusion=False,  # Snake rounded as torch rounds it
         )  # fmt: skip
-        _handoff = (out, tensor_version(out), (k, dilation, n_out, out.dtype), cols)
+        _handoff = (out, tensor_version(out), layout, cols)
         return out
     block_x = max(block_h, min(1024, triton.next_power_of_2(length - n_h)))  # >= n_h, n_hr: see the kernel
     block_c = max(1, min(triton.next_power_of_2(channels), 2048 // block_x))

@@ -3,7 +3,7 @@
 they do, in µs per push; and the one-shot decode of the same frames for comparison.
 
     python3 benchmarks/vocoder_profile.py [--chunks 1,2,8,32] [--pushes 20] [--ops triton,torch]
-                                          [--sweep tiles|groups|stages|slices|split] [--layers]
+                                          [--sweep tiles|groups|stages|slices|split|fused] [--layers]
 
 ``--ops torch`` runs the decoder's convs on cuDNN (Snake stays the Triton kernel).  ``--sweep tiles`` times the
 stream and the one-shot decode for each tile configuration of our conv kernels (the same for every layer and
@@ -13,7 +13,8 @@ split-K program), and without the split; ``--sweep slices`` for the reduction el
 (``REDUCE`` in calls with many output tiles, ``SHORT_REDUCE`` with few), which must leave every sample as it
 is; ``--sweep stages`` for the loads a short (dense-operand) call keeps in flight (``DENSE_STAGES``), and with
 every call gathering its operands (``DENSE_BYTES`` = 0); ``--sweep split`` for the output tiles per SM below which
-a call splits its reduction groups (``SPLIT_TILES_PER_SM``).
+a call splits its reduction groups (``SPLIT_TILES_PER_SM``); ``--sweep fused`` for the longest window whose
+``sequence_tail`` also writes the next conv's unfolded input (``FUSED_TAIL_SAMPLES``; longer ones take two launches).
 ``--layers`` lists the GPU time of each conv layer (our kernels), per push and one-shot; with ``--sweep``, under
 each configuration, then the totals side by side.  ``--ncu-push N`` makes
 one steady push of N frames between ``cudaProfilerStart`` and ``cudaProfilerStop``, for Nsight Compute:
@@ -187,6 +188,19 @@ def sweep_split(codec: DACAutoencoder, chunks: list[int], layers: int | None = N
     sweep(codec, chunks, configs, apply, "When short calls split their reduction groups", layers)
 
 
+FUSED_SWEEP = [1024, 2048, 4096, 8192, 16384]  # FUSED_TAIL_SAMPLES: the longest window unfolded in its own launch
+
+
+def sweep_fused(codec: DACAutoencoder, chunks: list[int], layers: int | None = None) -> None:
+    default = kernels.FUSED_TAIL_SAMPLES
+
+    def apply(config):
+        kernels.FUSED_TAIL_SAMPLES = default if config is None else config["longest window unfolded in its launch"]
+
+    configs = [{"longest window unfolded in its launch": n} for n in FUSED_SWEEP]
+    sweep(codec, chunks, configs, apply, "Which windows a conv's unfolded input is written with", layers)
+
+
 def conv_layer_names(codec: DACAutoencoder) -> list[str]:
     """The decoder's convs in launch order: the codebooks' projection, then the decoder's layers."""
     names = ["codebooks -> latent", "conv1"]
@@ -295,8 +309,9 @@ def main() -> None:
     p.add_argument("--ops", default="triton", choices=["triton", "torch"], help="the decoder convs' implementation")
     p.add_argument(
         "--sweep",
-        choices=["tiles", "groups", "stages", "slices", "split"],
-        help="time every configuration of SWEEP (tiles), GROUP_SWEEP, STAGE_SWEEP, SLICE_SWEEP or SPLIT_SWEEP "
+        choices=["tiles", "groups", "stages", "slices", "split", "fused"],
+        help="time every configuration of SWEEP (tiles), GROUP_SWEEP, STAGE_SWEEP, SLICE_SWEEP, SPLIT_SWEEP or "
+        "FUSED_SWEEP "
         "instead (with --layers: each conv layer's time under each)",
     )
     p.add_argument("--layers", action="store_true", help="GPU time of each conv layer instead of kernel groups")
@@ -332,6 +347,7 @@ def main() -> None:
             "stages": sweep_stages,
             "slices": sweep_slices,
             "split": sweep_split,
+            "fused": sweep_fused,
         }
         sweeps[args.sweep](codec, args.chunks, args.pushes if args.layers else None)
         return

@@ -567,7 +567,8 @@ def _packed(weight: torch.Tensor, layout: tuple, pack: Callable[[torch.Tensor], 
 # The longest window ``sequence_tail(..., unfold=...)`` unfolds in its own launch.  It does so with one program per
 # channel, which owns the row; longer windows (pushes of more than ~4 frames at the last blocks) are faster in two
 # launches over many programs: with the fused launch for all, 32-frame pushes took 933 µs of GPU time against 802
-# (2-frame pushes: 381 against 397; H200, benchmarks/vocoder_profile.py).
+# (2-frame pushes: 381 against 397; H200, session 9, when the fused launch still read the window back once per tap;
+# ``benchmarks/vocoder_profile.py --sweep fused`` measures it again).
 FUSED_TAIL_SAMPLES = 2048
 
 # The unfolded input that the last ``sequence_tail(..., unfold=...)`` wrote in its launch, for the conv that reads its

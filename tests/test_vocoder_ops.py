@@ -518,8 +518,13 @@ def test_float64_and_bad_arguments_take_the_reference_or_raise(target):
             module.conv_transpose1d(x32, w.reshape(8, 8, 7), b, stride=4, start=0, length=1000)
         with pytest.raises(ValueError, match="cannot keep"):
             module.sequence_tail(x32, x32, 100)
-    with pytest.raises(ValueError, match="cannot hold"):
-        fast.sequence_tail(x32, x32, 4, out=x32.new_empty(2, 8, 5))
+    for module in (reference, fast):
+        with pytest.raises(ValueError, match="cannot hold"):
+            module.sequence_tail(x32, x32, 4, out=x32.new_empty(2, 8, 5))
+        with pytest.raises(ValueError, match="cannot hold"):
+            module.sequence_tail(x32, x32, 4, out=x32.new_empty(2, 8, 4).half())
+        with pytest.raises(ValueError, match="cannot hold"):  # the raw tail's out too
+            module.sequence_tail(x32, x32, 4, raw=(x32, 4, x32.new_empty(2, 8, 1)))
     for fn in (reference.conv1d, fast.conv1d):
         with pytest.raises(ValueError, match="residual"):
             fn(x32, w, b, padding=3, residual=x32, residual_offset=2)
@@ -621,6 +626,11 @@ def test_reference_rejects_bad_arguments():
         with pytest.raises(ValueError, match="unfold must be"):
             reference.sequence_tail(x, x, 3, unfold=bad)
     assert torch.equal(reference.sequence_tail(x, x, 12, unfold=(3, 2)), reference.sequence_tail(x, x, 12))
+    for out in (x.new_empty(1, 4, 5), x.new_empty(1, 4, 1), x.new_empty(1, 4, 4).double()):
+        with pytest.raises(ValueError, match="cannot hold the 4 last samples"):
+            reference.sequence_tail(x, x, 4, out=out)  # not even one that broadcasts
+        with pytest.raises(ValueError, match="cannot hold the 4 last samples"):
+            reference.sequence_tail(x, x, 3, raw=(x, 4, out))
     # Another dtype is converted to the history's (through Snake with alpha).
     assert reference.sequence_tail(x.double(), x, 12).dtype == torch.float64
     y = reference.conv1d(x, w, padding=1, residual=x)  # the residual as in a residual unit

@@ -148,4 +148,6 @@ def sequence_tail(
     tail = seq[..., seq.shape[-1] - length :]
     if out is None:
         return tail.clone()
+    if out.shape != tail.shape or out.dtype != tail.dtype:
+        raise ValueError(f"out {tuple(out.shape)} {out.dtype} cannot hold the {length} last samples")
     return out.copy_(tail)

@@ -750,9 +750,8 @@ def sequence_tail(
     ``out`` may be the leading samples of ``history``'s buffer (a stream layer's window updated in place).  With
     ``unfold`` it also writes, in the same launch, the unfolded input of the dense conv or transposed conv that
     reads the window next (:func:`conv1d` or :func:`conv_transpose1d` takes it over instead of unfolding the window
-    itself: one launch less per layer).  ``raw``
-    shares the launch too whenever it keeps the same samples of ``x`` as the window (a residual unit's raw inputs
-    and its conv's window both keep all of a push's samples)."""
+    itself: one launch less per layer).  ``raw`` shares the launch too whenever it keeps the same samples of ``x``
+    as the window (a residual unit's raw inputs and its conv's window both keep all of a push's samples)."""
     global _handoff
     if unfold is not None:
         reference.check_unfold(unfold)

@@ -175,30 +175,31 @@ def sweep_stages(codec: DACAutoencoder, chunks: list[int], layers: int | None = 
     sweep(codec, chunks, configs, apply, "Slices in flight in the dense-operand vocoder convs", layers)
 
 
-SPLIT_SWEEP = [1, 2, 4, 8]  # SPLIT_TILES_PER_SM: a call splits its reduction below this many output tiles per SM
+def sweep_constant(attr: str, label: str, values: list, title: str):
+    """A ``--sweep`` over the values of one module constant of :mod:`zonos_accel.triton.vocoder`."""
+
+    def run(codec: DACAutoencoder, chunks: list[int], layers: int | None = None) -> None:
+        default = getattr(kernels, attr)
+
+        def apply(config):
+            setattr(kernels, attr, default if config is None else config[label])
+
+        sweep(codec, chunks, [{label: v} for v in values], apply, title, layers)
+
+    return run
 
 
-def sweep_split(codec: DACAutoencoder, chunks: list[int], layers: int | None = None) -> None:
-    default = kernels.SPLIT_TILES_PER_SM
-
-    def apply(config):
-        kernels.SPLIT_TILES_PER_SM = default if config is None else config["split below tiles per SM"]
-
-    configs = [{"split below tiles per SM": n} for n in SPLIT_SWEEP]
-    sweep(codec, chunks, configs, apply, "When short calls split their reduction groups", layers)
-
-
-FUSED_SWEEP = [1024, 2048, 4096, 8192, 16384]  # FUSED_TAIL_SAMPLES: the longest window unfolded in its own launch
-
-
-def sweep_fused(codec: DACAutoencoder, chunks: list[int], layers: int | None = None) -> None:
-    default = kernels.FUSED_TAIL_SAMPLES
-
-    def apply(config):
-        kernels.FUSED_TAIL_SAMPLES = default if config is None else config["longest window unfolded in its launch"]
-
-    configs = [{"longest window unfolded in its launch": n} for n in FUSED_SWEEP]
-    sweep(codec, chunks, configs, apply, "Which windows a conv's unfolded input is written with", layers)
+# A call splits its reduction below this many output tiles per SM.
+sweep_split = sweep_constant(
+    "SPLIT_TILES_PER_SM", "split below tiles per SM", [1, 2, 4, 8], "When short calls split their reduction groups"
+)
+# The longest window unfolded in its own launch.
+sweep_fused = sweep_constant(
+    "FUSED_TAIL_SAMPLES",
+    "longest window unfolded in its launch",
+    [1024, 2048, 4096, 8192, 16384],
+    "Which windows a conv's unfolded input is written with",
+)
 
 
 def conv_layer_names(codec: DACAutoencoder) -> list[str]:
@@ -310,8 +311,8 @@ def main() -> None:
     p.add_argument(
         "--sweep",
         choices=["tiles", "groups", "stages", "slices", "split", "fused"],
-        help="time every configuration of SWEEP (tiles), GROUP_SWEEP, STAGE_SWEEP, SLICE_SWEEP, SPLIT_SWEEP or "
-        "FUSED_SWEEP "
+        help="time every configuration of SWEEP (tiles), GROUP_SWEEP, STAGE_SWEEP, SLICE_SWEEP, or the values "
+        "of SPLIT_TILES_PER_SM or FUSED_TAIL_SAMPLES "
         "instead (with --layers: each conv layer's time under each)",
     )
     p.add_argument("--layers", action="store_true", help="GPU time of each conv layer instead of kernel groups")

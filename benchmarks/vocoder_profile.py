@@ -3,7 +3,7 @@
 they do, in µs per push; and the one-shot decode of the same frames for comparison.
 
     python3 benchmarks/vocoder_profile.py [--chunks 1,2,8,32] [--pushes 20] [--ops triton,torch]
-                                          [--sweep tiles|groups|stages|slices|split|fused] [--layers]
+                                          [--sweep tiles|groups|stages|slices|split] [--layers]
 
 ``--ops torch`` runs the decoder's convs on cuDNN (Snake stays the Triton kernel).  ``--sweep tiles`` times the
 stream and the one-shot decode for each tile configuration of our conv kernels (the same for every layer and
@@ -13,8 +13,7 @@ split-K program), and without the split; ``--sweep slices`` for the reduction el
 (``REDUCE`` in calls with many output tiles, ``SHORT_REDUCE`` with few), which must leave every sample as it
 is; ``--sweep stages`` for the loads a short (dense-operand) call keeps in flight (``DENSE_STAGES``), and with
 every call gathering its operands (``DENSE_BYTES`` = 0); ``--sweep split`` for the output tiles per SM below which
-a call splits its reduction groups (``SPLIT_TILES_PER_SM``); ``--sweep fused`` for the longest window whose
-``sequence_tail`` also writes the next conv's unfolded input (``FUSED_TAIL_SAMPLES``; longer ones take two launches).
+a call splits its reduction groups (``SPLIT_TILES_PER_SM``).
 ``--layers`` lists the GPU time of each conv layer (our kernels), per push and one-shot; with ``--sweep``, under
 each configuration, then the totals side by side.  ``--ncu-push N`` makes
 one steady push of N frames between ``cudaProfilerStart`` and ``cudaProfilerStop``, for Nsight Compute:
@@ -193,13 +192,6 @@ def sweep_constant(attr: str, label: str, values: list, title: str):
 sweep_split = sweep_constant(
     "SPLIT_TILES_PER_SM", "split below tiles per SM", [1, 2, 4, 8], "When short calls split their reduction groups"
 )
-# The longest window unfolded in its own launch.
-sweep_fused = sweep_constant(
-    "FUSED_TAIL_SAMPLES",
-    "longest window unfolded in its launch",
-    [1024, 2048, 4096, 8192, 16384],
-    "Which windows a conv's unfolded input is written with",
-)
 
 
 def conv_layer_names(codec: DACAutoencoder) -> list[str]:
@@ -310,9 +302,9 @@ def main() -> None:
     p.add_argument("--ops", default="triton", choices=["triton", "torch"], help="the decoder convs' implementation")
     p.add_argument(
         "--sweep",
-        choices=["tiles", "groups", "stages", "slices", "split", "fused"],
+        choices=["tiles", "groups", "stages", "slices", "split"],
         help="time every configuration of SWEEP (tiles), GROUP_SWEEP, STAGE_SWEEP, SLICE_SWEEP, or the values "
-        "of SPLIT_TILES_PER_SM or FUSED_TAIL_SAMPLES "
+        "of SPLIT_TILES_PER_SM "
         "instead (with --layers: each conv layer's time under each)",
     )
     p.add_argument("--layers", action="store_true", help="GPU time of each conv layer instead of kernel groups")
@@ -348,7 +340,6 @@ def main() -> None:
             "stages": sweep_stages,
             "slices": sweep_slices,
             "split": sweep_split,
-            "fused": sweep_fused,
         }
         sweeps[args.sweep](codec, args.chunks, args.pushes if args.layers else None)
         return

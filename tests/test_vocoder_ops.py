@@ -395,8 +395,8 @@ def test_sequence_tail_makes_stream_windows_bit_for_bit(target, dtype):
 def test_sequence_tail_unfolds_the_next_convs_input(target, dtype, monkeypatch):
     """``sequence_tail(..., unfold=(k, d))`` writes the window and, in the same launch, the unfolded input of the
     conv that reads it next, which takes it over: the same window and conv samples, bit for bit, as without the
-    hint; in place and into a new buffer, with Snake and without, pushes shorter and longer than the history.  A
-    conv the hint does not describe, or after a window too long to unfold in the same launch, unfolds for itself."""
+    hint; in place and into a new buffer, with Snake and without, pushes shorter and longer than the history, and
+    windows of one block of samples and of several.  A conv the hint does not describe unfolds for itself."""
     fast, device = target
     alpha = (torch.rand(37, generator=torch.Generator().manual_seed(3)) * 2 + 0.1).to(device)
     w = _randn(19, 37, 7, device=device, dtype=torch.float32, seed=4, scale=(37 * 7) ** -0.5)
@@ -406,7 +406,6 @@ def test_sequence_tail_unfolds_the_next_convs_input(target, dtype, monkeypatch):
     monkeypatch.setattr(fast, "_unfold", lambda *a: unfolds.append(a) or unfold(*a))
     cases = [(54, 8, 9, True, True), (18, 300, 3, False, False), (6, 1, 1, True, True), (54, 2100, 9, True, True)]
     for kept, n, d, snake, in_place in cases:
-        fused = kept + n <= fast.FUSED_TAIL_SAMPLES  # else the conv unfolds the window itself
         x = _randn(2, 37, n, device=device, dtype=torch.float16, seed=kept + n, scale=3.0)
         a = alpha if snake else None
         last = _randn(2, 37, kept + n, device=device, dtype=dtype, seed=n)
@@ -417,10 +416,10 @@ def test_sequence_tail_unfolds_the_next_convs_input(target, dtype, monkeypatch):
         hinted = fast.sequence_tail(last, x, kept + n, out=last if in_place else None, alpha=a, unfold=(7, d))
         assert (hinted is last) == in_place and torch.equal(hinted, plain)
         assert torch.equal(fast.conv1d(hinted, w, b, dilation=d, dtype=dtype), expected)
-        assert len(unfolds) == 1 + (not fused)  # taken over
+        assert len(unfolds) == 1  # taken over
         fast.sequence_tail(plain.clone(), x, kept + n, alpha=a, unfold=(7, d))
         assert torch.equal(fast.conv1d(hinted, w, b, dilation=d, dtype=dtype), expected)  # another window's
-        assert len(unfolds) == 2 + (not fused)
+        assert len(unfolds) == 2
         unfolds.clear()
     with pytest.raises(ValueError, match="unfold"):
         fast.sequence_tail(last, x, 3, unfold=(7, 0))
@@ -430,8 +429,8 @@ def test_sequence_tail_unfolds_the_next_convs_input(target, dtype, monkeypatch):
 def test_sequence_tail_unfolds_the_next_transposed_convs_input(target, dtype, monkeypatch):
     """``sequence_tail(..., unfold=(kernel, stride, start, length))``: the window and, in the same launch, the
     unfolded input of the transposed conv that reads it next, which takes it over: the same samples bit for bit as
-    without the hint, for a steady push's span, a span that skips a crop at the start, and one that begins past the
-    window's first input (taps before it are zeros)."""
+    without the hint, for a steady push's span and a span that skips a crop at the start.  A span whose first
+    output reads an input before the window's first (a zero) is unfolded by the transposed conv itself."""
     fast, device = target
     alpha = (torch.rand(37, generator=torch.Generator().manual_seed(7)) * 2 + 0.1).to(device)
     unfolds = []
@@ -451,9 +450,10 @@ def test_sequence_tail_unfolds_the_next_transposed_convs_input(target, dtype, mo
         hinted = fast.sequence_tail(last, x, 1 + n, out=last, alpha=alpha, unfold=(k, stride, start, length))
         assert hinted is last and torch.equal(hinted, plain)
         got = fast.conv_transpose1d(hinted, w, b, stride=stride, start=start, length=length, dtype=dtype)
-        assert torch.equal(got, expected) and len(unfolds) == 1  # taken over
+        taken = start_at >= 0
+        assert torch.equal(got, expected) and len(unfolds) == 1 + (not taken)  # taken over
         fast.conv_transpose1d(hinted, w, b, stride=stride, start=start, length=length, dtype=dtype)
-        assert len(unfolds) == 2  # once only
+        assert len(unfolds) == 2 + (not taken)  # once only
         unfolds.clear()
 
 
@@ -470,7 +470,7 @@ def test_sequence_tail_keeps_raw_inputs_in_the_same_call(target, dtype):
         (54, 27, 8, None, False),
         (18, 9, 300, (7, 3), False),
         (6, 3, 1, (7, 1), True),
-        (54, 27, 2100, (7, 9), True),  # too long to unfold in the same launch
+        (54, 27, 2100, (7, 9), True),  # several blocks of x, unfolded
         (54, 27, 3000, None, False),  # several blocks of x
         (0, 5, 4, None, False),  # x's first sample not in the window: two launches
     ]

@@ -294,14 +294,33 @@ def _unfold_kernel(
 
 
 @triton.jit
+def _scatter_taps(cols, s_cr, c64, p, ok, v, first, step, n_cols, K: tl.constexpr, KP: tl.constexpr):
+    """Window samples ``v`` (rows ``c64``, positions ``p``) into the unfolded rows ``c KP + k`` that read them: column
+    ``t = p - first - k step`` for tap ``k < K``; zeros for the padded taps ``k >= K``, at tap ``K - 1``'s columns
+    (those cover every column once when the window covers every tap's samples)."""
+    for k in tl.static_range(KP):
+        if k < K:
+            t = p - first - k * step
+            val = v
+        else:
+            t = p - first - (K - 1) * step
+            val = tl.zeros_like(v)
+        tl.store(cols + (c64 * KP + k) * s_cr + t, val, mask=ok & (t >= 0) & (t < n_cols))
+
+
+@triton.jit
 def _tail_kernel(
-    h_ptr, x_ptr, alpha_ptr, out_ptr, rh_ptr, rout_ptr, C, H, n, length, H_r, length_r, s_a,
-    s_hb, s_hc, s_ht, s_xb, s_xc, s_xt, s_ob, s_oc, s_ot, s_rhb, s_rhc, s_rht, s_rob, s_roc, s_rot,
+    h_ptr, x_ptr, alpha_ptr, out_ptr, rh_ptr, rout_ptr, cols_ptr, C, H, n, length, H_r, length_r, s_a,
+    n_cols, first, step, s_hb, s_hc, s_ht, s_xb, s_xc, s_xt, s_ob, s_oc, s_ot, s_rhb, s_rhc, s_rht, s_rob, s_roc,
+    s_rot, s_cb, s_cr,
     BLOCK_C: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_X: tl.constexpr, SNAKE: tl.constexpr, RAW: tl.constexpr,
+    K: tl.constexpr, KP: tl.constexpr, UNFOLD: tl.constexpr,
 ):  # fmt: skip
-    """The last ``length`` samples of ``[history | x]`` (Snake's outputs for x with ``SNAKE``) and, with ``RAW``,
+    """The last ``length`` samples of ``[history | x]`` (Snake's outputs for x with ``SNAKE``); with ``RAW`` also
     the last ``length_r`` of ``[raw history | x]`` (x as it is), which take the same samples of x (the wrapper
-    checks it)."""
+    checks it); with ``UNFOLD`` also the window unfolded for the conv that reads it next (``_unfold``'s rows
+    ``c KP + k``: window samples ``first + k step + t``, ``t < n_cols``), each window sample stored into every
+    column that reads it as it is stored into the window: no program reads what another writes."""
     c = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
     b = tl.program_id(2).to(tl.int64)
     c_ok = (c < C)[:, None]
@@ -316,8 +335,10 @@ def _tail_kernel(
     v = v_in.to(tl.float32)
     if SNAKE:
         v = snake_fp32(v, tl.load(alpha_ptr + c * s_a, mask=c < C, other=1.0).to(tl.float32)[:, None])
+    v = v.to(out_ptr.dtype.element_ty)
     out_rows = out_ptr + b * s_ob + c64 * s_oc
     raw_rows = rout_ptr + b * s_rob + c64 * s_roc
+    cols = cols_ptr + b * s_cb
     n_hr = length_r - n_x
     if tl.program_id(1) == 0:
         # out may be the leading samples of the history's buffer.  The kept history then overlaps at most the
@@ -333,62 +354,13 @@ def _tail_kernel(
         tl.store(out_rows + i[None, :] * s_ot, kept, mask=h_ok)
         if RAW:
             tl.store(raw_rows + i[None, :] * s_rot, kept_r, mask=r_ok)
-    tl.store(out_rows + (n_h + j)[None, :] * s_ot, v.to(out_ptr.dtype.element_ty), mask=x_ok)
+        if UNFOLD:
+            _scatter_taps(cols, s_cr, c64, i[None, :], h_ok, kept, first, step, n_cols, K, KP)
+    tl.store(out_rows + (n_h + j)[None, :] * s_ot, v, mask=x_ok)
     if RAW:
         tl.store(raw_rows + (n_hr + j)[None, :] * s_rot, v_in.to(rout_ptr.dtype.element_ty), mask=x_ok)
-
-
-@triton.jit
-def _tail_unfold_kernel(
-    h_ptr, x_ptr, alpha_ptr, out_ptr, cols_ptr, rh_ptr, rout_ptr, H, n, length, H_r, length_r, n_out, first, step, s_a,
-    s_hb, s_hc, s_ht, s_xb, s_xc, s_xt, s_ob, s_oc, s_ot, s_cb, s_cr, s_rhb, s_rhc, s_rht, s_rob, s_roc, s_rot,
-    K: tl.constexpr, KP: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_T: tl.constexpr,
-    SNAKE: tl.constexpr, RAW: tl.constexpr,
-):  # fmt: skip
-    """``_tail_kernel``'s window (and raw tail), one channel row per program, then that window unfolded for the conv
-    that reads it next (``_unfold``'s rows ``c KP + k``: window samples ``first + k step + t``, ``t < n_out``; zeros
-    outside the window and for ``k >= K``).  Owning the whole row, the program loads the kept history and x's first
-    block before it writes any of the row (``out`` may be the history's buffer), and reads the window back after
-    writing it, all taps of a block of samples in one load (a CTA barrier orders its threads' global memory)."""
-    c = tl.program_id(0).to(tl.int64)
-    b = tl.program_id(1).to(tl.int64)
-    start = H + n - length  # the first kept sample of [history | x]
-    n_h = tl.maximum(H - start, 0)
-    n_x = length - n_h
-    n_hr = length_r - n_x
-    x_row = x_ptr + b * s_xb + c * s_xc + (n - n_x) * s_xt
-    row = out_ptr + b * s_ob + c * s_oc
-    raw_row = rout_ptr + b * s_rob + c * s_roc
-    alpha = tl.load(alpha_ptr + c * s_a).to(tl.float32)
-    i = tl.arange(0, BLOCK_H)
-    kept = tl.load(h_ptr + b * s_hb + c * s_hc + (start + i) * s_ht, mask=i < n_h, other=0.0)
-    if RAW:
-        kept_r = tl.load(rh_ptr + b * s_rhb + c * s_rhc + (H_r - n_hr + i) * s_rht, mask=i < n_hr)
-    j = tl.arange(0, BLOCK_S)
-    x0 = tl.load(x_row + j * s_xt, mask=j < n_x, other=0.0)  # x's first block (all of it in a short push)
-    tl.debug_barrier()
-    tl.store(row + i * s_ot, kept, mask=i < n_h)
-    if RAW:
-        tl.store(raw_row + i * s_rot, kept_r, mask=i < n_hr)
-    for j0 in range(0, n_x, BLOCK_S):
-        jj = j0 + j
-        if j0 == 0:
-            v_in = x0
-        else:
-            v_in = tl.load(x_row + jj * s_xt, mask=jj < n_x, other=0.0)
-        if RAW:
-            tl.store(raw_row + (n_hr + jj) * s_rot, v_in.to(rout_ptr.dtype.element_ty), mask=jj < n_x)
-        v = v_in.to(tl.float32)
-        if SNAKE:
-            v = snake_fp32(v, alpha)
-        tl.store(row + (n_h + jj) * s_ot, v.to(out_ptr.dtype.element_ty), mask=jj < n_x)
-    tl.debug_barrier()
-    k = tl.arange(0, KP)[:, None]
-    for t0 in range(0, n_out, BLOCK_T):
-        t = t0 + tl.arange(0, BLOCK_T)[None, :]
-        p = first + k * step + t
-        v = tl.load(row + p * s_ot, mask=(t < n_out) & (k < K) & (p >= 0) & (p < length), other=0.0)
-        tl.store(cols_ptr + b * s_cb + (c * KP + k) * s_cr + t, v, mask=t < n_out)
+    if UNFOLD:
+        _scatter_taps(cols, s_cr, c64, (n_h + j)[None, :], x_ok, v, first, step, n_cols, K, KP)
 
 
 # -- wrappers ------------------------------------------------------------------------------------------
@@ -564,13 +536,6 @@ def _packed(weight: torch.Tensor, layout: tuple, pack: Callable[[torch.Tensor], 
     return packed
 
 
-# The longest window ``sequence_tail(..., unfold=...)`` unfolds in its own launch.  It does so with one program per
-# channel, which owns the row; longer windows (pushes of more than ~4 frames at the last blocks) are faster in two
-# launches over many programs: with the fused launch for all, 32-frame pushes took 933 µs of GPU time against 802
-# (2-frame pushes: 381 against 397; H200, session 9, when the fused launch still read the window back once per tap;
-# ``benchmarks/vocoder_profile.py --sweep fused`` measures it again).
-FUSED_TAIL_SAMPLES = 2048
-
 # The unfolded input that the last ``sequence_tail(..., unfold=...)`` wrote in its launch, for the conv that reads its
 # window next: (window, its version, ``_unfold``'s arguments after x, unfolded rows).
 _handoff: tuple | None = None
@@ -585,6 +550,14 @@ def _unfolded(x: torch.Tensor, *layout) -> torch.Tensor:
             _handoff = None
             return cols
     return _unfold(x, *layout)
+
+
+def _covered(layout: tuple, length: int) -> bool:
+    """Whether every tap of every column of ``_unfold(x, *layout)`` reads a sample of ``x`` (``length`` samples):
+    then storing each sample into the columns that read it writes every column once."""
+    k, _, first, step, n_cols, _ = layout
+    ends = (first, first + (k - 1) * step)
+    return n_cols > 0 and min(ends) >= 0 and max(ends) + n_cols <= length
 
 
 def _unfold_layout(unfold: tuple[int, ...], length: int, dtype: torch.dtype) -> tuple:
@@ -778,31 +751,28 @@ def sequence_tail(
     s_a = a.stride(0) if alpha is not None else 0
     block_h = max(16, triton.next_power_of_2(max(n_h, n_hr)))
     layout = None if unfold is None else _unfold_layout(unfold, length, out.dtype)
-    if (
-        layout is not None
-        and layout[4] > 0
-        and length <= FUSED_TAIL_SAMPLES
-        and _dense(batch, channels * layout[1], layout[4], out.dtype)
+    if layout is not None and not (
+        _covered(layout, length) and _dense(batch, channels * layout[1], layout[4], out.dtype)
     ):
-        k, kp, first, step, n_cols, _ = layout
-        cols = torch.empty(batch, channels * kp, _padded(n_cols), dtype=out.dtype, device=out.device)
-        _tail_unfold_kernel[(channels, batch)](
-            history, x, a, out, cols, raw_history, raw_out, H, n, length, H_r, raw_length, n_cols, first, step,
-            s_a, *history.stride(), *x.stride(), *out.stride(), cols.stride(0), cols.stride(1),
-            *raw_history.stride(), *raw_out.stride(), K=k, KP=kp, BLOCK_H=block_h, BLOCK_S=256,
-            BLOCK_T=min(2048 // kp, max(16, triton.next_power_of_2(n_cols))), SNAKE=alpha is not None,
-            RAW=raw is not None, num_warps=4,
-            enable_fp_fusion=False,  # Snake rounded as torch rounds it
-        )  # fmt: skip
-        _handoff = (out, tensor_version(out), layout, cols)
-        return out
-    block_x = max(block_h, min(1024, triton.next_power_of_2(length - n_h)))  # >= n_h, n_hr: see the kernel
-    block_c = max(1, min(triton.next_power_of_2(channels), 2048 // block_x))
+        layout = None  # the conv unfolds the window itself
+    k, kp, first, step, n_cols, _ = layout or (1, 1, 0, 0, 0, None)
+    cols = (
+        out
+        if layout is None
+        else torch.empty(batch, channels * kp, _padded(n_cols), dtype=out.dtype, device=out.device)
+    )
+    # Programs of a few thousand stores each (the taps' copies of a sample count too).
+    block_x = max(block_h, min(1024 if layout is None else 256, triton.next_power_of_2(length - n_h)))  # >= n_h, n_hr
+    block_c = max(1, min(triton.next_power_of_2(channels), (2048 if layout is None else 256) // block_x))
     grid = (triton.cdiv(channels, block_c), max(1, triton.cdiv(length - n_h, block_x)), batch)
     _tail_kernel[grid](
-        history, x, a, out, raw_history, raw_out, channels, H, n, length, H_r, raw_length, s_a,
-        *history.stride(), *x.stride(), *out.stride(), *raw_history.stride(), *raw_out.stride(),
+        history, x, a, out, raw_history, raw_out, cols, channels, H, n, length, H_r, raw_length, s_a,
+        n_cols, first, step, *history.stride(), *x.stride(), *out.stride(), *raw_history.stride(),
+        *raw_out.stride(), cols.stride(0), cols.stride(1),
         BLOCK_C=block_c, BLOCK_H=block_h, BLOCK_X=block_x, SNAKE=alpha is not None, RAW=raw is not None,
-        num_warps=4, enable_fp_fusion=False,  # Snake rounded as torch rounds it
+        K=k, KP=kp, UNFOLD=layout is not None, num_warps=4,
+        enable_fp_fusion=False,  # Snake rounded as torch rounds it
     )  # fmt: skip
+    if layout is not None:
+        _handoff = (out, tensor_version(out), layout, cols)
     return out

@@ -142,20 +142,21 @@ def test_16_bit_stream_is_bit_exact_with_length_independent_convs(codec, monkeyp
     assert torch.equal(out, full.float())
 
 
+@pytest.mark.parametrize("last", [0, 3], ids=["finish-alone", "finish-with-input"])
 @pytest.mark.parametrize("k,s,p", [(16, 8, 4), (4, 2, 1), (6, 2, 2), (7, 3, 0), (4, 4, 0), (5, 2, 3)])
-def test_transposed_conv_stage_equals_the_module(k, s, p):
+def test_transposed_conv_stage_equals_the_module(k, s, p, last):
     """The transposed-conv stage on its own, kernels of one to three strides, float64: pushes of 1, 2, 3 and
-    0 inputs, then flush, give the module's output."""
+    0 inputs, then the end of the stream with or without the last 3 inputs, give the module's output."""
     from zonos.codec.streaming import _ConvTranspose, _Params
 
     conv = torch.nn.ConvTranspose1d(3, 2, k, stride=s, padding=p).double()
     x = torch.randn(2, 3, 9, dtype=torch.float64, generator=torch.Generator().manual_seed(k * s + p))
     stage = _ConvTranspose(conv, _Params())
     outs, n = [], 0
-    for size in (1, 2, 0, 3, 3):
+    for size in (1, 2, 0, 3, 3)[: 5 - bool(last)]:
         outs.append(stage.push(x[..., n : n + size]))
         n += size
-    outs.append(stage.flush())
+    outs.append(stage.finish(x[..., n:] if last else None))
     out = torch.cat([y for y in outs if y is not None], dim=-1)
     with torch.no_grad():
         torch.testing.assert_close(out, conv(x), rtol=1e-12, atol=1e-12)

@@ -141,9 +141,10 @@ class _Stage:
     def push(self, x: Tensor) -> Tensor | None:
         raise NotImplementedError
 
-    def flush(self) -> Tensor | None:
-        """Output that only the end of the stream (the right zero padding) makes final."""
-        return None
+    def finish(self, x: Tensor | None) -> Tensor | None:
+        """The stream's last input ``x`` (None: none) pushed, and the end of the stream (the right zero padding): all
+        the output this stage still owes, in one push where it can (half the launches of a push then a flush)."""
+        return None if x is None else self.push(x)
 
     def reset(self) -> None:
         """Forget the stream.  The buffers stay, with their addresses (captured graphs hold them) and contents:
@@ -243,9 +244,12 @@ class _Conv(_Windowed):
     def push(self, x: Tensor) -> Tensor | None:
         return self._conv(self._next_window(x), tanh=self.tanh)
 
-    def flush(self) -> Tensor | None:
-        w = self.window  # push the right padding's zeros (Snake maps zero to zero)
-        out = None if w is None else self.push(w.new_zeros(*w.shape[:2], self.right))
+    def finish(self, x: Tensor | None) -> Tensor | None:
+        like = self.window if x is None else x
+        if like is None:  # nothing was pushed
+            return None
+        pad = like.new_zeros(*like.shape[:2], self.right)  # the right padding's zeros (Snake maps zero to zero)
+        out = self.push(pad if x is None else torch.cat([x, pad], dim=-1))
         for attr in self.state_attrs:  # the stream is over
             setattr(self, attr, None)
         return out
@@ -340,14 +344,24 @@ class _ConvTranspose(_Windowed):
         hint = (self.kernel, self.stride, start, length) if length > 0 else None
         return self._conv(self._next_window(x, unfold=hint), end)
 
-    def flush(self) -> Tensor | None:
-        w, self.window = self.window, None
-        if w is None or self.context == 0:  # k == s: every sample was final at its push
-            return None
-        # The last inputs' samples past the final ones, minus the crop at the end.
-        return self._conv(
-            w[..., w.shape[-1] - self.context :], (self.context - 1) * self.stride + self.kernel - self.padding
-        )
+    def finish(self, x: Tensor | None) -> Tensor | None:
+        if self.context == 0:  # k == s (so no crop at the end): every sample is final at its push
+            out = super().finish(x)
+        else:
+            # Every sample of the window's inputs, the last ones' past the final ones too, minus the crop at the end.
+            if x is not None and x.shape[-1]:
+                end = self._end(self.context + x.shape[-1])
+                start, length = self._span(end)
+                window = self._next_window(x, unfold=(self.kernel, self.stride, start, length) if length > 0 else None)
+            else:
+                window = None if self.window is None else self.window[..., self.window.shape[-1] - self.context :]
+            out = None if window is None else self._conv(window, self._end(window.shape[-1]))
+        self.window = None
+        return out
+
+    def _end(self, inputs: int) -> int:
+        """The uncropped length of ``inputs`` inputs' output, minus the crop at the end."""
+        return (inputs - 1) * self.stride + self.kernel - self.padding
 
 
 def _run(stages: Sequence[_Stage], x: Tensor | None) -> Tensor | None:
@@ -359,11 +373,10 @@ def _run(stages: Sequence[_Stage], x: Tensor | None) -> Tensor | None:
 
 
 def _flush(stages: Sequence[_Stage]) -> Tensor | None:
-    """End the stream: each stage turns its pending input into output, then flushes its padding."""
+    """End the stream: each stage turns its last input and its padding into output."""
     x: Tensor | None = None
     for stage in stages:
-        parts = [y for y in (stage.push(x) if x is not None else None, stage.flush()) if y is not None]
-        x = torch.cat(parts, dim=-1) if len(parts) > 1 else (parts[0] if parts else None)
+        x = stage.finish(x)
     return x
 
 

@@ -155,7 +155,7 @@ def main() -> None:
     p.add_argument("--frames", type=int, default=300, help="frames per request (86 ≈ 1 s)")
     p.add_argument("--reps", type=int, default=10, help="requests per schedule for the TTFA percentiles")
     p.add_argument(
-        "--schedules", default="1x1,1x2,2x4,2x8,2x16,4x16", help="first x steady chunk frames, comma-separated"
+        "--schedules", default="1x1,1x2,1x16,2x4,2x8,2x16,4x16", help="first x steady chunk frames, comma-separated"
     )
     accel = p.add_mutually_exclusive_group()
     accel.add_argument(

@@ -142,11 +142,12 @@ def test_conv_then_snake_equals_the_two_ops_bit_for_bit(target, dtype, monkeypat
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_output_tiles_and_slices_do_not_change_the_sums(target, dtype, monkeypatch):
-    """What lets a call pick its output tile and slice by size (``_blocks``): every tile of ``TILES`` and
-    ``SHORT_TILES``, with slices of 32 to 256 reduction elements (to 128 in fp32, where 256 with the largest tile
-    overflows shared memory), gives the same samples, bit for bit, at decoder layer shapes, for convs and
-    transposed convs, split or not.  (Each runs the same mma.sync m16n8k16 chain per output; on the GPU only, as
-    the interpreter's matmul may round by shape.)"""
+    """What lets a call pick its output tile and slice by size (``_blocks``): every tile of ``TILES``,
+    ``SHORT_TILES`` and ``WIDE_TILES``, with slices of 32 to 256 reduction elements (to 128 in fp32 and with 64
+    channels, where 256 overflows shared memory), gives the same samples, bit for bit, at decoder layer shapes, for
+    convs and transposed convs, split or not.  (The narrow tiles run the same mma.sync m16n8k16 chain per output,
+    the 64-channel ones wgmma on sm_90, which must add the same 16-deep products in the same order; on the GPU only,
+    as the interpreter's matmul may round by shape.)"""
     fast, device = target
     if device.type != "cuda":
         pytest.skip("a property of the GPU's tensor-core instructions")
@@ -154,8 +155,8 @@ def test_output_tiles_and_slices_do_not_change_the_sums(target, dtype, monkeypat
     xt, _, wt, bt = _conv_inputs(1536, 768, 16, 9, 0, device, dtype, seed=42)
     wt = wt.reshape(1536, 768, 16)
     outs = []
-    for tile in dict.fromkeys(fast.TILES + fast.SHORT_TILES):
-        for reduce in (32, 64, 128, 256) if dtype.itemsize == 2 else (32, 64, 128):
+    for tile in dict.fromkeys(fast.TILES + fast.SHORT_TILES + fast.WIDE_TILES):
+        for reduce in (32, 64, 128, 256) if dtype.itemsize == 2 and tile[0] <= 32 else (32, 64, 128):
             for split in (True, False):
 
                 def blocks(c_out, c_in, taps, n_out, batch, phases, device, tile=tile, reduce=reduce):
@@ -174,6 +175,30 @@ def test_output_tiles_and_slices_do_not_change_the_sums(target, dtype, monkeypat
     for other in outs[1:]:
         for a, ref in zip(other, outs[0]):
             assert not a.isnan().any() and torch.equal(a, ref)
+
+
+def test_wide_tiles_only_where_they_fit():
+    """``_blocks``' rule for the 64-channel tiles: a plain conv of 64 channels or more takes one, no wider than the
+    call, once it makes enough programs; a narrower conv, a transposed conv (its phases) and a call too small to
+    fill the SMs keep the 32-channel tiles.  (The tiles' timings are in docs/BENCHMARKS.md, session 15.)"""
+    pytest.importorskip("triton")
+    from zonos_accel.triton import vocoder as fast
+
+    cpu = torch.device("cpu")  # counted as an H200's 132 SMs
+    wide = {tile[0] for tile in fast.WIDE_TILES}
+    assert wide == {64} and not wide & {tile[0] for tile in fast.TILES + fast.SHORT_TILES}
+    # (c_out, c_in, taps, n_out, phases) -> tile: block 2's k7 conv at 2, 8 and 16-frame pushes and one-shot.
+    assert fast._blocks(384, 384, 7, 128, 1, 1, cpu)[::2] == (64, 16)
+    assert fast._blocks(384, 384, 7, 512, 1, 1, cpu)[::2] == (64, 32)
+    assert fast._blocks(384, 384, 7, 1024, 1, 1, cpu)[::2] == (64, 64)
+    assert fast._blocks(384, 384, 7, 16384, 1, 1, cpu)[::2] == (64, 64)
+    assert fast._blocks(1536, 1024, 7, 2, 1, 1, cpu)[::2] == (64, 16)  # conv1 at 2 frames: 16 wide, not 64
+    assert fast._blocks(768, 768, 7, 16, 1, 1, cpu)[0] < 64  # 12 tiles x 6 groups: too few programs
+    assert fast._blocks(768, 1536, 16, 17, 1, 8, cpu)[0] < 64  # a transposed conv's phases
+    assert fast._blocks(1, 96, 7, 4096, 1, 1, cpu)[0] < 64  # conv2: one output channel
+    for n_out in (1, 5, 16, 100, 1000, 5000):
+        co, ci, t, _ = fast._blocks(768, 768, 7, n_out, 1, 1, cpu)
+        assert t <= max(16, 1 << (n_out - 1).bit_length()) and ci * 8 in (fast.REDUCE, fast.SHORT_REDUCE)
 
 
 TRANSPOSED = [

@@ -382,37 +382,77 @@ def _check(x: torch.Tensor, history: torch.Tensor | None, c_in: int, what: str) 
     return history
 
 
-# Output tiles (BLOCK_CO, BLOCK_T) of long calls, largest first.  All run mma.sync m16n8k16 (sm_80+; 64 channels would
-# switch to wgmma), so each output is the same chain of 16-deep products in the same order whatever the tile.
+# Output tiles (BLOCK_CO, BLOCK_T) of long calls, largest first.  With 16 or 32 channels they run mma.sync
+# m16n8k16; each output is the same chain of 16-deep products in the same order whatever the tile.
 TILES = ((32, 64), (32, 32))
 # The tiles of calls with fewer output tiles than that (a streaming push's layers); see :func:`_blocks`.
 SHORT_TILES = ((32, 16), (16, 16), (32, 32), (16, 32))
+# Tiles of 64 channels for plain convs of 64 channels or more, long or short, widest first: a 32-channel tile
+# re-reads a layer's unfolded input from L2 once per 32 channels, which bound the k7 convs of 8-16-frame pushes
+# (block 2's: 75 MB in 14 us at 8 frames).  They run wgmma on sm_90, whose sums the GPU tests find bit for bit
+# those of mma.sync (so stream and one-shot stay equal whatever tiles they pick).  Per layer on the H200 (sweep of
+# session 15, docs/BENCHMARKS.md): the k7 convs of blocks 2-3 took 14 -> 11 us at 8-frame pushes and 22 -> 15 at
+# 16, the one-shot convs 30 -> 23 us per frame; the transposed convs gained at some sizes and lost at others, so
+# they keep the 32-channel tiles.
+WIDE_TILES = ((64, 64), (64, 32), (64, 16))
+# A call takes the widest of the first two WIDE_TILES that makes this many programs per SM (split groups
+# counted), else the widest of the last two that makes one per SM, else the tiles above.
+WIDE_PROGRAMS_PER_SM = 1.5
 # A call splits its reduction groups over programs while it has fewer output tiles than this many per SM (more
 # programs than 1 per SM paid off up to 4: H200, docs/BENCHMARKS.md, session 12).
 SPLIT_TILES_PER_SM = 4
+
+
+def _wide(c_out: int, c_in: int, taps: int, n_out: int, batch: int, sm: int) -> tuple[int, int, int] | None:
+    """(BLOCK_CO, BLOCK_T, programs) of a plain conv's 64-channel tile (:data:`WIDE_TILES`), or None to use
+    :data:`TILES` / :data:`SHORT_TILES`.  No tile wider than the call (a 2-frame push's 2 columns take 16)."""
+    if c_out < 64:
+        return None
+    n_groups = triton.cdiv(c_in, GROUP_REDUCE // triton.next_power_of_2(taps))
+    widest = max(16, triton.next_power_of_2(n_out))
+
+    def programs(block_co: int, block_t: int) -> int:
+        tiles = triton.cdiv(n_out, block_t) * triton.cdiv(c_out, block_co) * batch
+        return tiles * (n_groups if n_groups > 1 and tiles < SPLIT_TILES_PER_SM * sm else 1)
+
+    for need, tiles in ((WIDE_PROGRAMS_PER_SM * sm, WIDE_TILES[:2]), (sm, WIDE_TILES[1:])):
+        for block_co, block_t in tiles:
+            if block_t <= widest and programs(block_co, block_t) >= need:
+                return block_co, block_t, programs(block_co, block_t)
+    return None
 
 
 def _blocks(
     c_out: int, c_in: int, taps: int, n_out: int, batch: int, phases: int, device: torch.device
 ) -> tuple[int, int, int, int]:
     """(BLOCK_CO, BLOCK_CI, BLOCK_T, warps) of a call with ``n_out`` outputs per channel in ``batch`` × ``phases``
-    rows.  The output tile is the largest of :data:`TILES` that still gives each SM two programs (a long decode:
-    more reuse of each load).  A call with fewer tiles (a streaming push) takes a tile of :data:`SHORT_TILES`, as
-    measured per layer: 16 samples wide when it has fewer than 32 per row (not half a tile of padding), and 32
-    channels tall when its reduction spans several groups (the layers that hold most of the weights: fewer, fuller
-    programs per group), except for transposed convs with 32 samples or more, whose phases already make many
-    programs; and the longer slices of :data:`SHORT_REDUCE` unless 16 × 32 tiles would still give each SM two
-    programs.  Neither the tile nor the slice changes the sums (a GPU test checks it)."""
+    rows.  A plain conv (one phase) of 64 channels or more takes a tile of :data:`WIDE_TILES` (:func:`_wide`),
+    with the longer slices of :data:`SHORT_REDUCE` while its programs fit two per SM and the tile is at most 32
+    samples wide (64 × 64 with them: 15.3 against 10.1 us for block 4's k7 convs at 16-frame pushes).
+    Otherwise the output tile is the largest of :data:`TILES` that still gives each SM two programs (a long
+    decode: more reuse of each load).  A call with fewer tiles (a streaming push) takes a tile of
+    :data:`SHORT_TILES`, as measured per layer: 16 samples wide when it has fewer than 32 per row (not half a tile
+    of padding), and 32 channels tall when its reduction spans several groups (the layers that hold most of the
+    weights: fewer, fuller programs per group), except for transposed convs with 32 samples or more, whose phases
+    already make many programs; and the longer slices of :data:`SHORT_REDUCE` unless 16 × 32 tiles would still
+    give each SM two programs.  Neither the tile nor the slice changes the sums (a GPU test checks it)."""
     rows = batch * phases
-    enough = 2 * _sm_count(device)
+    sm = _sm_count(device)
+    enough = 2 * sm
+    slice_taps = triton.next_power_of_2(taps)
+    wide = _wide(c_out, c_in, taps, n_out, batch, sm) if phases == 1 else None
+    if wide is not None:
+        block_co, block_t, programs = wide
+        reduce = SHORT_REDUCE if programs <= enough and block_t <= 32 else REDUCE
+        return block_co, max(1, reduce // slice_taps), block_t, 4
     for block_co, block_t in TILES:
         if triton.cdiv(n_out, block_t) * triton.cdiv(c_out, block_co) * rows >= enough:
-            return block_co, max(1, REDUCE // triton.next_power_of_2(taps)), block_t, 4
+            return block_co, max(1, REDUCE // slice_taps), block_t, 4
     reduce = REDUCE if triton.cdiv(n_out, 32) * triton.cdiv(c_out, 16) * rows >= enough else SHORT_REDUCE
     block_t = 16 if n_out < 32 else 32
-    groups = c_in * triton.next_power_of_2(taps) > GROUP_REDUCE
+    groups = c_in * slice_taps > GROUP_REDUCE
     block_co = 32 if groups and (block_t == 16 or phases == 1) else 16
-    return block_co, max(1, reduce // triton.next_power_of_2(taps)), block_t, 4
+    return block_co, max(1, reduce // slice_taps), block_t, 4
 
 
 @functools.cache

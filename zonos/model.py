@@ -36,9 +36,9 @@ SYNC_EVERY = 4  # decode steps between checks for the end of generation (see _En
 # step on the H200, where N = 8512 takes 11.6 µs), so the stacked heads get zero rows up to a multiple of 16.
 HEADS_ROW_MULTIPLE = 16
 # Streaming schedule (H200, benchmarks/streaming.py, docs/BENCHMARKS.md, session 15): a 1-frame first chunk hands out
-# audio 2.7 ms sooner than a 2-frame one (48.6 vs 51.3 ms p50, where the decode steps dominate) at the same
-# real-time factor (5.29 vs 5.23); chunks then double up to 16 frames, where a streamed frame's vocoder cost is
-# 0.034 ms, below the one-shot decode's (8 frames: 0.047, 1.2-1.3x). Steady chunks arrive ~35 ms apart and play for
+# audio ~3 ms sooner than a 2-frame one (48.0 vs 51.0 ms p50, where the decode steps dominate) at the same
+# real-time factor (5.32 vs 5.27); chunks then double up to 16 frames, where a streamed frame's vocoder cost is
+# 0.030 ms, what the one-shot decode costs (8 frames: 0.045, 1.5x). Steady chunks arrive ~35 ms apart and play for
 # 186 ms each.
 DEFAULT_FIRST_CHUNK_FRAMES = 1
 DEFAULT_CHUNK_FRAMES = 16

@@ -119,6 +119,25 @@ def test_conv_matches_reference(target, case, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_kernel_1_conv_on_any_layout(target, dtype):
+    """A kernel-1 conv reads a contiguous input as its dense operand in place; a strided one, or one with padding,
+    is gathered.  Each is as close to the reference as torch's conv; on the GPU, where the tensor cores add the same
+    products in the same order either way, the first two are equal bit for bit."""
+    fast, device = target
+    _interpreter_limits(device, dtype)
+    x, _, w, b = _conv_inputs(48, 40, 1, 37, 0, device, dtype, seed=23)
+    strided = x.transpose(1, 2).contiguous().transpose(1, 2)  # the same values, samples not adjacent
+    assert strided.stride(-1) != 1
+    outs = []
+    for inputs, padding in ((x, 0), (strided, 0), (x, 2)):
+        _poison(device)
+        outs.append(fast.conv1d(inputs, w, b, padding=padding, dtype=dtype))
+        _as_close_as_torch(outs[-1], "conv1d", inputs, w, b, dict(padding=padding), dtype)
+    if device.type == "cuda":
+        assert torch.equal(outs[0], outs[1])
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_conv_then_snake_equals_the_two_ops_bit_for_bit(target, dtype, monkeypatch):
     """A residual unit's conv1 applies snake2 as it stores: the same samples as the Snake kernel run on the conv's
     output, bit for bit (split or not), and the reference's up to rounding."""

@@ -663,9 +663,13 @@ def conv1d(
     split = _split(n_groups, math.prod(grid), x.device)
     parts, counts = _split_buffers(math.prod(grid), n_groups, block_co, block_t, x) if split else (out, out)
     a = weight if alpha is None else alpha.reshape(c_out)
-    dense = k > 1 and _dense(batch, c_in * kp, n_out, dtype)  # kernel-1 inputs are rows already
+    if k == 1:  # the input's rows are the reduction's rows: dense operands without an unfolded copy
+        dense = padding == 0 and x.stride(-1) == 1
+    else:
+        dense = _dense(batch, c_in * kp, n_out, dtype)
     if dense:
-        x = _unfolded(x, k, kp, -padding, dilation, n_out, dtype)
+        if k > 1:
+            x = _unfolded(x, k, kp, -padding, dilation, n_out, dtype)
         w = _packed(weight, ("conv", dtype), lambda w: _pack_conv(w, kp, dtype))
         x_args, w_args = (x.stride(0), x.stride(1), 1), (w.stride(0), 0, 0)
     else:

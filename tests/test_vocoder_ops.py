@@ -164,9 +164,10 @@ def test_output_tiles_and_slices_do_not_change_the_sums(target, dtype, monkeypat
     """What lets a call pick its output tile and slice by size (``_blocks``): every tile of ``TILES``,
     ``SHORT_TILES`` and ``WIDE_TILES``, with slices of 32 to 256 reduction elements (to 128 in fp32 and with 64
     channels, where 256 overflows shared memory), gives the same samples, bit for bit, at decoder layer shapes, for
-    convs and transposed convs, split or not.  (The narrow tiles run the same mma.sync m16n8k16 chain per output,
-    the 64-channel ones wgmma on sm_90, which must add the same 16-deep products in the same order; on the GPU only,
-    as the interpreter's matmul may round by shape.)"""
+    convs and transposed convs (1, 2 or all 8 phases per program: ``_transposed_blocks``), split or not.  (The
+    narrow tiles run the same mma.sync m16n8k16 chain per output, the 64-channel ones wgmma on sm_90, which must
+    add the same 16-deep products in the same order; on the GPU only, as the interpreter's matmul may round by
+    shape.)"""
     fast, device = target
     if device.type != "cuda":
         pytest.skip("a property of the GPU's tensor-core instructions")
@@ -184,13 +185,19 @@ def test_output_tiles_and_slices_do_not_change_the_sums(target, dtype, monkeypat
                 monkeypatch.setattr(fast, "_blocks", blocks)
                 monkeypatch.setattr(fast, "_split", lambda n_groups, tiles, device, split=split: split and n_groups > 1)
                 _poison(device)
-                outs.append(
-                    (
-                        fast.conv1d(x, w, b, dilation=3, padding=9, dtype=dtype),
-                        fast.conv1d(x, w[:, :, :1], b, residual=x, dtype=dtype),
-                        fast.conv_transpose1d(xt, wt, bt, stride=8, start=4, length=64, dtype=dtype),
-                    )
-                )
+                convs = [
+                    fast.conv1d(x, w, b, dilation=3, padding=9, dtype=dtype),
+                    fast.conv1d(x, w[:, :, :1], b, residual=x, dtype=dtype),
+                ]
+                for phases in (1, 2, 8):  # a transposed conv's rows: tile[0] of (channel, phase), phases together
+
+                    def transposed(c_out, c_in, taps, n_q, batch, stride, device, tile=tile, phases=phases):
+                        co, ci, q, warps = blocks(c_out, c_in, taps, n_q, batch, 1, device)
+                        return max(1, co // phases), phases, ci, q, warps
+
+                    monkeypatch.setattr(fast, "_transposed_blocks", transposed)
+                    convs.append(fast.conv_transpose1d(xt, wt, bt, stride=8, start=4, length=64, dtype=dtype))
+                outs.append(convs)
     for other in outs[1:]:
         for a, ref in zip(other, outs[0]):
             assert not a.isnan().any() and torch.equal(a, ref)

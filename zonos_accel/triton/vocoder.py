@@ -8,7 +8,10 @@ per call, does not change it, so every output sample is the same sum, in the sam
 of the input and wherever the sample lies in it: the streaming decoder, which feeds ``[history | new]``
 windows, gets the one-shot decode's samples bit for bit.  (cuDNN picks its algorithm by input length: its
 16-bit stream was 56.6 dB from one-shot on an H200.)  A transposed conv runs as ``stride`` phase convs: output
-sample ``u = q s + r`` sums taps ``r + m s`` of inputs ``q - m``.
+sample ``u = q s + r`` sums taps ``r + m s`` of inputs ``q - m``.  One program computes every phase of its
+channels as rows of one product, so each input slice serves all phases and the outputs are stored as contiguous
+rows (a program per phase stored one sample every ``stride``: one L2 sector write per sample, which made the
+upsampling layers 2-3x slower per frame than the k7 convs).
 
 The reduction is summed in groups of ``GROUP_REDUCE`` elements, each from zero, and the groups' sums are added
 in order.  A call with few output tiles (a streaming push) runs the groups of a tile in parallel programs and the
@@ -79,25 +82,28 @@ def _load_input(x_ptr, T_x, b, ci, ok, pos, s_xb, s_xc, s_xt, COMPUTE: tl.conste
 @triton.jit
 def _slice(
     x_ptr, w_ptr, T_x, ci_end, b, ci, tap, row, pos, co, co_ok, s_xb, s_xc, s_xt, s_wo, s_wi, s_wk, K, KP, COMPUTE,
-    DENSE: tl.constexpr,
+    DENSE: tl.constexpr, PACKED: tl.constexpr,
 ):  # fmt: skip
     """(weights, inputs) of one reduction slice: input channels ``ci`` (below ``ci_end``) at taps ``tap`` and
-    samples ``pos``.  ``DENSE``: the weights are packed ``[C_out, C_in KP]`` (zero taps) and the inputs are the
-    unfolded ``[C_in KP, T_x]`` rows (``row = ci KP + tap``), so both load as contiguous rows."""
-    ok = (ci < ci_end) & (tap < K)
+    samples ``pos``.  ``DENSE``: the inputs are the unfolded ``[C_in KP, T_x]`` rows (``row = ci KP + tap``), loaded as
+    contiguous rows.  ``PACKED``: so are the weights, rows ``co`` of ``[rows, C_in KP]`` (zero taps)."""
+    in_rows = row < ci_end * KP
     if DENSE:
-        in_rows = row < ci_end * KP
         v = tl.load(
             x_ptr + b * s_xb + row[:, None].to(tl.int64) * s_xc + pos, mask=in_rows[:, None] & (pos < T_x), other=0.0
         ).to(COMPUTE)
+    else:
+        ok = (ci < ci_end) & (tap < K)
+        v = _load_input(x_ptr, T_x, b, ci[:, None], ok[:, None], pos, s_xb, s_xc, s_xt, COMPUTE)
+    if PACKED:
         w = tl.load(w_ptr + co[:, None] * s_wo + row[None, :], mask=co_ok[:, None] & in_rows[None, :], other=0.0)
-        return w.to(COMPUTE), v
-    v = _load_input(x_ptr, T_x, b, ci[:, None], ok[:, None], pos, s_xb, s_xc, s_xt, COMPUTE)
-    w = tl.load(
-        w_ptr + co[:, None] * s_wo + ci[None, :] * s_wi + tap[None, :] * s_wk,
-        mask=co_ok[:, None] & ok[None, :],
-        other=0.0,
-    )
+    else:
+        ok = (ci < ci_end) & (tap < K)
+        w = tl.load(
+            w_ptr + co[:, None] * s_wo + ci[None, :] * s_wi + tap[None, :] * s_wk,
+            mask=co_ok[:, None] & ok[None, :],
+            other=0.0,
+        )
     return w.to(COMPUTE), v
 
 
@@ -106,6 +112,7 @@ def _reduce(
     x_ptr, w_ptr, T_x, ci_first, ci_end, b, ci, tap, r, pos, co, co_ok, s_xb, s_xc, s_xt, s_wo, s_wi, s_wk,
     K: tl.constexpr, KP: tl.constexpr, BLOCK_CO: tl.constexpr, BLOCK_CI: tl.constexpr, BLOCK_T: tl.constexpr,
     COMPUTE: tl.constexpr, PRECISION: tl.constexpr, DENSE: tl.constexpr, STAGES: tl.constexpr,
+    PACKED: tl.constexpr,
 ):  # fmt: skip
     """The sum over input channels ``ci_first .. ci_end - 1`` from zero, in slices of ``BLOCK_CI`` channels in
     channel order.  Dense operands with ``STAGES``: Triton's pipeline keeps that many slices' loads in flight
@@ -115,18 +122,18 @@ def _reduce(
         for ci0 in tl.range(ci_first, ci_end, BLOCK_CI, num_stages=STAGES):
             w, v = _slice(
                 x_ptr, w_ptr, T_x, ci_end, b, ci0 + ci, tap, ci0 * KP + r, pos, co, co_ok,
-                s_xb, s_xc, s_xt, s_wo, s_wi, s_wk, K, KP, COMPUTE, DENSE,
+                s_xb, s_xc, s_xt, s_wo, s_wi, s_wk, K, KP, COMPUTE, DENSE, PACKED,
             )  # fmt: skip
             acc = tl.dot(w, v, acc, input_precision=PRECISION)
     else:
         w, v = _slice(
             x_ptr, w_ptr, T_x, ci_end, b, ci_first + ci, tap, ci_first * KP + r, pos, co, co_ok,
-            s_xb, s_xc, s_xt, s_wo, s_wi, s_wk, K, KP, COMPUTE, DENSE,
+            s_xb, s_xc, s_xt, s_wo, s_wi, s_wk, K, KP, COMPUTE, DENSE, PACKED,
         )  # fmt: skip
         for ci0 in range(ci_first + BLOCK_CI, ci_end + BLOCK_CI, BLOCK_CI):
             w_next, v_next = _slice(
                 x_ptr, w_ptr, T_x, ci_end, b, ci0 + ci, tap, ci0 * KP + r, pos, co, co_ok,
-                s_xb, s_xc, s_xt, s_wo, s_wi, s_wk, K, KP, COMPUTE, DENSE,
+                s_xb, s_xc, s_xt, s_wo, s_wi, s_wk, K, KP, COMPUTE, DENSE, PACKED,
             )  # fmt: skip
             acc = tl.dot(w, v, acc, input_precision=PRECISION)
             w, v = w_next, v_next
@@ -139,7 +146,7 @@ def _sum(
     s_xb, s_xc, s_xt, s_wo, s_wi, s_wk,
     K: tl.constexpr, KP: tl.constexpr, BLOCK_CO: tl.constexpr, BLOCK_CI: tl.constexpr, BLOCK_T: tl.constexpr,
     GROUP: tl.constexpr, SPLIT: tl.constexpr, COMPUTE: tl.constexpr, PRECISION: tl.constexpr, DENSE: tl.constexpr,
-    STAGES: tl.constexpr,
+    STAGES: tl.constexpr, PACKED: tl.constexpr,
 ):  # fmt: skip
     """(sum, whether this program stores it): the groups' sums (each of ``GROUP`` slices, from zero)
     added in group order.  With ``SPLIT`` this program sums group ``group`` of the ``tile`` and publishes it;
@@ -151,6 +158,7 @@ def _sum(
         part = _reduce(
             x_ptr, w_ptr, T_x, first, tl.minimum(first + group_ci, C_in), b, ci, tap, r, pos, co, co_ok,
             s_xb, s_xc, s_xt, s_wo, s_wi, s_wk, K, KP, BLOCK_CO, BLOCK_CI, BLOCK_T, COMPUTE, PRECISION, DENSE, STAGES,
+            PACKED,
         )  # fmt: skip
         cell = tl.arange(0, BLOCK_CO)[:, None] * BLOCK_T + tl.arange(0, BLOCK_T)[None, :]
         parts = part_ptr + tile.to(tl.int64) * n_groups * BLOCK_CO * BLOCK_T
@@ -171,7 +179,7 @@ def _sum(
             total += _reduce(
                 x_ptr, w_ptr, T_x, first, tl.minimum(first + group_ci, C_in), b, ci, tap, r, pos, co, co_ok,
                 s_xb, s_xc, s_xt, s_wo, s_wi, s_wk, K, KP, BLOCK_CO, BLOCK_CI, BLOCK_T, COMPUTE, PRECISION, DENSE,
-                STAGES,
+                STAGES, PACKED,
             )  # fmt: skip
     return total, last
 
@@ -221,7 +229,7 @@ def _conv_kernel(
     acc, last = _sum(
         x_ptr, w_ptr, part_ptr, count_ptr, _tile(b), group, n_groups, T_x, C_in, b, r // KP, tap, r, pos, co, co_ok,
         s_xb, s_xc, s_xt, s_wo, s_wi, s_wk, K, KP, BLOCK_CO, BLOCK_CI, BLOCK_T, GROUP, SPLIT, COMPUTE, PRECISION,
-        DENSE, STAGES,
+        DENSE, STAGES, DENSE,
     )  # fmt: skip
     y = _epilogue(acc, b_ptr, s_b, co, co_ok, HAS_BIAS, COMPUTE)
     if HAS_RES:
@@ -243,35 +251,50 @@ def _conv_kernel(
 def _conv_transpose_kernel(
     x_ptr, w_ptr, b_ptr, out_ptr, part_ptr, count_ptr,
     C_in, C_out, T_x, stride, start, length, q_first, n_q, n_groups,
-    s_xb, s_xc, s_xt, s_wi, s_wo, s_wk, s_b, s_ob, s_oc, s_ot,
-    K: tl.constexpr, MP: tl.constexpr, BLOCK_CO: tl.constexpr, BLOCK_CI: tl.constexpr, BLOCK_Q: tl.constexpr,
-    HAS_BIAS: tl.constexpr, GROUP: tl.constexpr, SPLIT: tl.constexpr, COMPUTE: tl.constexpr,
-    PRECISION: tl.constexpr, DENSE: tl.constexpr, STAGES: tl.constexpr,
+    s_xb, s_xc, s_xt, s_w, s_b, s_ob, s_oc, s_ot,
+    K: tl.constexpr, MP: tl.constexpr, BLOCK_CO: tl.constexpr, PHASES: tl.constexpr, BLOCK_CI: tl.constexpr,
+    BLOCK_Q: tl.constexpr, HAS_BIAS: tl.constexpr, GROUP: tl.constexpr, SPLIT: tl.constexpr, COMPUTE: tl.constexpr,
+    PRECISION: tl.constexpr, DENSE: tl.constexpr, STAGES: tl.constexpr, ALL_PHASES: tl.constexpr,
 ):  # fmt: skip
+    """A program computes ``PHASES`` consecutive phases of ``BLOCK_CO`` output channels as one product: its rows
+    are (channel, phase) pairs of the packed weights (``[stride C_out, C_in MP]``, row ``phase C_out + channel``)
+    and they share each input slice.  Its outputs, phases interleaved, are then stored as runs of ``PHASES``
+    samples (``ALL_PHASES``: contiguous rows), not one sample every ``stride``."""
+    BLOCK_M: tl.constexpr = BLOCK_CO * PHASES
     qi = tl.program_id(0) * BLOCK_Q + tl.arange(0, BLOCK_Q)
     q = q_first + qi
-    co = tl.program_id(1) * BLOCK_CO + tl.arange(0, BLOCK_CO)
-    row, group = _batch_and_group(n_groups, SPLIT)  # row: batch row × stride + phase
-    phase = row % stride
-    b = row // stride
+    i = tl.arange(0, BLOCK_M)
+    co = tl.program_id(1) * BLOCK_CO + i // PHASES
+    row, group = _batch_and_group(n_groups, SPLIT)  # row: batch row × phase groups + phase group
+    n_phase_groups = stride // PHASES
+    first_phase = (row % n_phase_groups) * PHASES
+    b = row // n_phase_groups
     co_ok = co < C_out
     r = tl.arange(0, BLOCK_CI * MP)  # reduction index: input channel r // MP, input q - r % MP
     m = r % MP
-    tap = phase + m * stride
-    if DENSE:  # the phase's packed weights; the unfolded rows are every phase's
-        w_ptr += phase * s_wk
+    if DENSE:  # the unfolded rows are every phase's
         pos = qi[None, :]
     else:
         pos = q[None, :] - m[:, None]
     acc, last = _sum(
-        x_ptr, w_ptr, part_ptr, count_ptr, _tile(row), group, n_groups, T_x, C_in, b, r // MP, tap, r, pos, co, co_ok,
-        s_xb, s_xc, s_xt, s_wo, s_wi, s_wk, K, MP, BLOCK_CO, BLOCK_CI, BLOCK_Q, GROUP, SPLIT, COMPUTE, PRECISION,
-        DENSE, STAGES,
+        x_ptr, w_ptr, part_ptr, count_ptr, _tile(row), group, n_groups, T_x, C_in, b, r // MP, m * stride, r, pos,
+        (first_phase + i % PHASES) * C_out + co, co_ok, s_xb, s_xc, s_xt, s_w, 0, 0, K, MP, BLOCK_M, BLOCK_CI,
+        BLOCK_Q, GROUP, SPLIT, COMPUTE, PRECISION, DENSE, STAGES, True,
     )  # fmt: skip
     y = _epilogue(acc, b_ptr, s_b, co, co_ok, HAS_BIAS, COMPUTE)
-    t = q * stride + phase - start
-    mask = co_ok[:, None] & ((qi < n_q) & (t >= 0) & (t < length))[None, :] & last
-    tl.store(out_ptr + b * s_ob + co[:, None].to(tl.int64) * s_oc + t[None, :] * s_ot, y, mask=mask)
+    # Rows (channel, phase) -> each channel's samples in order: column j is input q0 + j // PHASES, phase j % PHASES.
+    j = tl.arange(0, BLOCK_Q * PHASES)
+    if PHASES > 1:
+        y = tl.reshape(tl.permute(tl.reshape(y, (BLOCK_CO, PHASES, BLOCK_Q)), (0, 2, 1)), (BLOCK_CO, BLOCK_Q * PHASES))
+    q0 = q_first + tl.program_id(0) * BLOCK_Q
+    if ALL_PHASES:
+        t = q0 * stride - start + j
+    else:
+        t = (q0 + j // PHASES) * stride + first_phase + j % PHASES - start
+    c = tl.program_id(1) * BLOCK_CO + tl.arange(0, BLOCK_CO)
+    ok = (tl.program_id(0) * BLOCK_Q + j // PHASES < n_q) & (t >= 0) & (t < length)
+    mask = (c < C_out)[:, None] & ok[None, :] & last
+    tl.store(out_ptr + b * s_ob + c[:, None].to(tl.int64) * s_oc + t[None, :] * s_ot, y, mask=mask)
 
 
 @triton.jit
@@ -453,6 +476,24 @@ def _blocks(
     groups = c_in * slice_taps > GROUP_REDUCE
     block_co = 32 if groups and (block_t == 16 or phases == 1) else 16
     return block_co, max(1, reduce // slice_taps), block_t, 4
+
+
+# Rows of a transposed conv's program: output channels × the phases it computes together (all of them, so that
+# its stores are contiguous rows and each input slice serves every phase).
+TRANSPOSED_ROWS = 64
+
+
+def _transposed_blocks(
+    c_out: int, c_in: int, taps: int, n_q: int, batch: int, stride: int, device: torch.device
+) -> tuple[int, int, int, int, int]:
+    """(BLOCK_CO, PHASES, BLOCK_CI, BLOCK_Q, warps) of a transposed conv with ``n_q`` inputs per phase: every
+    phase in one program, :data:`TRANSPOSED_ROWS` rows of (channel, phase), and the slice and width that
+    :func:`_blocks` gives a plain conv of that many rows."""
+    phases = stride
+    block_co = max(1, TRANSPOSED_ROWS // phases)
+    rows = triton.cdiv(c_out, block_co) * TRANSPOSED_ROWS
+    _, block_ci, block_q, warps = _blocks(rows, c_in, taps, n_q, batch, 1, device)
+    return block_co, phases, block_ci, block_q, warps
 
 
 @functools.cache
@@ -715,26 +756,27 @@ def conv_transpose1d(
     mp = triton.next_power_of_2(triton.cdiv(k, stride))
     q_first = start // stride
     n_q = (start + length - 1) // stride - q_first + 1
-    block_co, block_ci, block_q, warps = _blocks(c_out, c_in, mp, n_q, batch, stride, x.device)
+    block_co, phases, block_ci, block_q, warps = _transposed_blocks(c_out, c_in, mp, n_q, batch, stride, x.device)
     b_ptr, s_b = _bias_args(bias, weight)
-    grid = (triton.cdiv(n_q, block_q), triton.cdiv(c_out, block_co), batch * stride)
+    grid = (triton.cdiv(n_q, block_q), triton.cdiv(c_out, block_co), batch * (stride // phases))
     n_groups, group = _groups(c_in, block_ci, mp)
     split = _split(n_groups, math.prod(grid), x.device)
-    parts, counts = _split_buffers(math.prod(grid), n_groups, block_co, block_q, x) if split else (out, out)
+    parts, counts = _split_buffers(math.prod(grid), n_groups, block_co * phases, block_q, x) if split else (out, out)
     dense = _dense(batch, c_in * mp, n_q, dtype)
     if dense:  # rows c mp + m: input c at q - m, for every phase
         x = _unfolded(x, mp, mp, q_first, -1, n_q, dtype)
-        w = _packed(weight, ("transposed", stride, dtype), lambda w: _pack_transposed(w, stride, mp, dtype))
-        x_args, w_args = (x.stride(0), x.stride(1), 1), (0, w.stride(1), w.stride(0))
+        x_args = (x.stride(0), x.stride(1), 1)
     else:
-        w, x_args, w_args = weight, x.stride(), weight.stride()
+        x_args = x.stride()
+    w = _packed(weight, ("transposed", stride, dtype), lambda w: _pack_transposed(w, stride, mp, dtype))
     _conv_transpose_kernel[(grid[0], grid[1], grid[2] * (n_groups if split else 1))](
         x, w, b_ptr, out, parts, counts,
         c_in, c_out, x.shape[-1] if dense else n, stride, start, length, q_first, n_q, n_groups,
-        *x_args, *w_args, s_b, *out.stride(),
-        K=k, MP=mp, BLOCK_CO=block_co, BLOCK_CI=block_ci, BLOCK_Q=block_q,
+        *x_args, w.stride(1), s_b, *out.stride(),
+        K=k, MP=mp, BLOCK_CO=block_co, PHASES=phases, BLOCK_CI=block_ci, BLOCK_Q=block_q,
         HAS_BIAS=bias is not None, GROUP=group, SPLIT=split, COMPUTE=_TL_DTYPES[dtype],
-        PRECISION=_precision(dtype), DENSE=dense, STAGES=DENSE_STAGES, num_warps=warps,
+        PRECISION=_precision(dtype), DENSE=dense, STAGES=DENSE_STAGES, ALL_PHASES=phases == stride,
+        num_warps=warps,
     )  # fmt: skip
     return out
 

@@ -205,8 +205,8 @@ def test_output_tiles_and_slices_do_not_change_the_sums(target, dtype, monkeypat
 
 def test_wide_tiles_only_where_they_fit():
     """``_blocks``' rule for the 64-channel tiles: a plain conv of 64 channels or more takes one, no wider than the
-    call, once it makes enough programs; a narrower conv, a transposed conv (its phases) and a call too small to
-    fill the SMs keep the 32-channel tiles.  (The tiles' timings are in docs/BENCHMARKS.md, session 15.)"""
+    call, once it makes enough programs; a narrower conv, a conv of a transposed conv's phase rows and a call too
+    small to fill the SMs keep the 32-channel tiles.  (The tiles' timings are in docs/BENCHMARKS.md, session 15.)"""
     pytest.importorskip("triton")
     from zonos_accel.triton import vocoder as fast
 
@@ -220,11 +220,27 @@ def test_wide_tiles_only_where_they_fit():
     assert fast._blocks(384, 384, 7, 16384, 1, 1, cpu)[::2] == (64, 64)
     assert fast._blocks(1536, 1024, 7, 2, 1, 1, cpu)[::2] == (64, 16)  # conv1 at 2 frames: 16 wide, not 64
     assert fast._blocks(768, 768, 7, 16, 1, 1, cpu)[0] < 64  # 12 tiles x 6 groups: too few programs
-    assert fast._blocks(768, 1536, 16, 17, 1, 8, cpu)[0] < 64  # a transposed conv's phases
+    assert fast._blocks(768, 1536, 16, 17, 1, 8, cpu)[0] < 64  # a conv of 8 phase rows per batch row
     assert fast._blocks(1, 96, 7, 4096, 1, 1, cpu)[0] < 64  # conv2: one output channel
     for n_out in (1, 5, 16, 100, 1000, 5000):
         co, ci, t, _ = fast._blocks(768, 768, 7, n_out, 1, 1, cpu)
         assert t <= max(16, 1 << (n_out - 1).bit_length()) and ci * 8 in (fast.REDUCE, fast.SHORT_REDUCE)
+
+
+def test_transposed_convs_compute_their_phases_together():
+    """``_transposed_blocks``: a program computes the phases of its channels together (every phase for a stride
+    that is a power of two, so its outputs are contiguous rows), in :data:`TRANSPOSED_ROWS` rows, a power of two
+    that tensor-core products take, whatever the stride."""
+    pytest.importorskip("triton")
+    from zonos_accel.triton import vocoder as fast
+
+    cpu = torch.device("cpu")
+    for stride, phases in ((8, 8), (4, 4), (2, 2), (1, 1), (5, 1), (6, 2), (12, 4)):
+        for n_q in (3, 65, 2049, 65537):
+            co, p, ci, q, _ = fast._transposed_blocks(384, 768, 2, n_q, 1, stride, cpu)
+            assert p == phases and stride % p == 0
+            assert co * p == fast.TRANSPOSED_ROWS and q <= max(16, 1 << (n_q - 1).bit_length())
+            assert ci * 2 in (fast.REDUCE, fast.SHORT_REDUCE)
 
 
 TRANSPOSED = [
@@ -232,6 +248,8 @@ TRANSPOSED = [
     (40, 24, 16, 8, 5, 0, 4, None),  # nn.ConvTranspose1d(k 16, s 8, p 4): length (t - 1) 8 + 16 - 8
     (19, 13, 8, 4, 7, 1, 6, 17),  # a stream window: one history input, a ragged crop
     (24, 12, 4, 2, 9, 0, 1, 16),
+    (20, 10, 10, 5, 6, 0, 2, None),  # an odd stride: one phase per program
+    (17, 9, 7, 6, 5, 1, 3, 20),  # two phases per program, taps past the kernel (7 of 2 x 6)
 ]
 
 

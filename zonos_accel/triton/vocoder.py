@@ -478,18 +478,21 @@ def _blocks(
     return block_co, max(1, reduce // slice_taps), block_t, 4
 
 
-# Rows of a transposed conv's program: output channels × the phases it computes together (all of them, so that
-# its stores are contiguous rows and each input slice serves every phase).
+# Rows of a transposed conv's program: output channels × the phases it computes together (all of them where the
+# stride is a power of two, so that its stores are contiguous rows and each input slice serves every phase).
+# 64 against 32 and 128 on the H200: the upsampling layers of 2 / 8 / 16-frame pushes 30 / 34 / 39 us (one phase
+# per program: 33 / 54 / 78), one-shot 1.2 us per frame (3.4); session 16, docs/BENCHMARKS.md.
 TRANSPOSED_ROWS = 64
 
 
 def _transposed_blocks(
     c_out: int, c_in: int, taps: int, n_q: int, batch: int, stride: int, device: torch.device
 ) -> tuple[int, int, int, int, int]:
-    """(BLOCK_CO, PHASES, BLOCK_CI, BLOCK_Q, warps) of a transposed conv with ``n_q`` inputs per phase: every
-    phase in one program, :data:`TRANSPOSED_ROWS` rows of (channel, phase), and the slice and width that
-    :func:`_blocks` gives a plain conv of that many rows."""
-    phases = stride
+    """(BLOCK_CO, PHASES, BLOCK_CI, BLOCK_Q, warps) of a transposed conv with ``n_q`` inputs per phase: the
+    largest power of two dividing the stride as phases per program (every phase for the DAC's strides),
+    :data:`TRANSPOSED_ROWS` rows of (channel, phase), and the slice and width that :func:`_blocks` gives a plain
+    conv of that many rows."""
+    phases = stride & -stride
     block_co = max(1, TRANSPOSED_ROWS // phases)
     rows = triton.cdiv(c_out, block_co) * TRANSPOSED_ROWS
     _, block_ci, block_q, warps = _blocks(rows, c_in, taps, n_q, batch, 1, device)

@@ -107,15 +107,25 @@ SWEEP = [(co, red, t) for co in (16, 32, 64) for red in (64, 128) for t in (32, 
 
 
 def sweep_tiles(codec: DACAutoencoder, chunks: list[int], layers: int | None = None) -> None:
-    """The same tile for every layer and call instead of ``_blocks``'s choice; any keeps the stream bit-exact."""
-    default = kernels._blocks
+    """The same tile for every layer and call instead of ``_blocks``'s choice (a transposed conv's: ``BLOCK_CO`` rows
+    of (channel, phase), its phases together as ``_transposed_blocks`` groups them); any keeps the stream
+    bit-exact."""
+    default = kernels._blocks, kernels._transposed_blocks
 
     def apply(config):
         if config is None:
-            kernels._blocks = default
+            kernels._blocks, kernels._transposed_blocks = default
             return
         co, red, t = config["BLOCK_CO"], config["reduction slice"], config["BLOCK_T"]
-        kernels._blocks = lambda c_out, c_in, taps, *_: (co, max(1, red // next_power_of_2(taps)), t, 4)
+
+        def blocks(c_out, c_in, taps, *_):
+            return co, max(1, red // next_power_of_2(taps)), t, 4
+
+        def transposed(c_out, c_in, taps, n_q, batch, stride, device):
+            phases = stride & -stride
+            return max(1, co // phases), phases, max(1, red // next_power_of_2(taps)), t, 4
+
+        kernels._blocks, kernels._transposed_blocks = blocks, transposed
 
     configs = [{"BLOCK_CO": co, "reduction slice": red, "BLOCK_T": t} for co, red, t in SWEEP]
     sweep(codec, chunks, configs, apply, "Tile configuration of the vocoder conv kernels (every layer alike)", layers)

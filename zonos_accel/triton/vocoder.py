@@ -88,17 +88,16 @@ def _slice(
     samples ``pos``.  ``DENSE``: the inputs are the unfolded ``[C_in KP, T_x]`` rows (``row = ci KP + tap``), loaded as
     contiguous rows.  ``PACKED``: so are the weights, rows ``co`` of ``[rows, C_in KP]`` (zero taps)."""
     in_rows = row < ci_end * KP
+    ok = (ci < ci_end) & (tap < K)
     if DENSE:
         v = tl.load(
             x_ptr + b * s_xb + row[:, None].to(tl.int64) * s_xc + pos, mask=in_rows[:, None] & (pos < T_x), other=0.0
         ).to(COMPUTE)
     else:
-        ok = (ci < ci_end) & (tap < K)
         v = _load_input(x_ptr, T_x, b, ci[:, None], ok[:, None], pos, s_xb, s_xc, s_xt, COMPUTE)
     if PACKED:
         w = tl.load(w_ptr + co[:, None] * s_wo + row[None, :], mask=co_ok[:, None] & in_rows[None, :], other=0.0)
     else:
-        ok = (ci < ci_end) & (tap < K)
         w = tl.load(
             w_ptr + co[:, None] * s_wo + ci[None, :] * s_wi + tap[None, :] * s_wk,
             mask=co_ok[:, None] & ok[None, :],

@@ -42,7 +42,7 @@ from zonos_accel.triton import enable_triton_ops
 from zonos_accel.triton import vocoder as kernels
 
 GROUPS = [  # first match wins
-    ("conv (ours)", r"_conv_kernel"),
+    ("conv (ours)", r"_conv_kernel|_conv_taps_kernel"),
     ("transposed conv (ours)", r"_conv_transpose_kernel"),
     ("history update (ours)", r"_tail_kernel"),
     ("Snake (ours)", r"_snake_kernel"),
@@ -215,7 +215,7 @@ def conv_layer_names(codec: DACAutoencoder) -> list[str]:
 
 def conv_times(events: list, layers: int) -> list[float]:
     """Mean µs of each conv layer over the pushes (or decodes) in ``events``."""
-    convs = sorted((e for e in events if re.search(r"_conv_kernel|_conv_transpose_kernel", e.name)),
+    convs = sorted((e for e in events if re.search(r"_conv_kernel|_conv_taps_kernel|_conv_transpose_kernel", e.name)),
                    key=lambda e: e.time_range.start)  # fmt: skip
     if not convs or len(convs) % layers:
         raise RuntimeError(f"{len(convs)} conv kernels are not a whole number of {layers}-layer calls")

@@ -94,6 +94,10 @@ CONVS = [
     (24, 24, 1, 1, 0, 33, 0, True, False),  # kernel 1 with the residual
     (72, 40, 1, 1, 0, 17, 0, False, False),  # the codebooks' projection
     (24, 1, 7, 1, 3, 29, 0, False, True),  # the last conv: one channel, tanh
+    # Tap-major in 16 bits (channels a multiple of 32, at most TAP_MAJOR_CHANNELS): TMA boxes, slices of 64 or 32.
+    (64, 48, 7, 3, 9, 41, 0, False, False),  # "same" padding from the boxes' zeros, ragged outputs
+    (96, 96, 7, 9, 0, 9, 54, False, False),  # a stream window, slices of 32 channels
+    (64, 1, 7, 1, 3, 29, 0, False, True),  # the last conv: one channel, tanh
 ]
 
 
@@ -227,6 +231,30 @@ def test_wide_tiles_only_where_they_fit():
         assert t <= max(16, 1 << (n_out - 1).bit_length()) and ci * 8 in (fast.REDUCE, fast.SHORT_REDUCE)
 
 
+def test_tap_major_convs_are_the_narrow_k7_layers():
+    """``_tap_major``: the DAC convs of kernel > 1 over 96 or 192 channels (blocks 3-4's and the last) run tap-major in
+    16 bits, the wider ones (conv1's 1024, blocks 1-2's 768 and 384), kernel-1 convs and float32 calls do not: a rule
+    of the layer and dtype alone, so that a layer's streamed and one-shot calls add the same products in the same
+    order.  ``_taps_blocks``' slice depends on the channels only, whatever the call's length."""
+    pytest.importorskip("triton")
+    from zonos_accel.triton import vocoder as fast
+
+    cpu = torch.device("cpu")  # Triton's interpreter: runs TMA loads, counted as an H200
+    for c_in, k, dtype, expected in (
+        (96, 7, torch.float16, True),
+        (192, 7, torch.bfloat16, True),
+        (384, 7, torch.float16, False),
+        (1024, 7, torch.float16, False),
+        (192, 1, torch.float16, False),
+        (192, 7, torch.float32, False),
+        (100, 7, torch.float16, False),
+    ):
+        assert fast._tap_major(c_in, k, dtype, cpu) == expected, (c_in, k, dtype)
+    for c_in, block_ci in ((96, 32), (192, 64)):
+        tiles = {fast._taps_blocks(c_out, c_in, n, 1, cpu) for c_out in (1, 96, 192) for n in (1, 37, 4096, 10**6)}
+        assert {t[1] for t in tiles} == {block_ci} and {t[2] for t in tiles} == {16, 32, 64}
+
+
 def test_transposed_convs_compute_their_phases_together():
     """``_transposed_blocks``: a program computes the phases of its channels together (every phase for a stride
     that is a power of two, so its outputs are contiguous rows), in :data:`TRANSPOSED_ROWS` rows, a power of two
@@ -273,13 +301,14 @@ def test_transposed_conv_matches_reference(target, case, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_windows_equal_the_one_shot_call_bit_for_bit(target, dtype):
+@pytest.mark.parametrize("c", [48, 64], ids=["dense", "tap-major"])
+def test_windows_equal_the_one_shot_call_bit_for_bit(target, c, dtype):
     """What makes a 16-bit stream exact: conv and transposed conv samples computed over a ``[history | new]``
     window (and a residual read from a ``[pending | new]`` pair) equal the one-shot call's, wherever the window
-    lies."""
+    lies; for the k7 conv of 64 channels in 16 bits, tap-major."""
     fast, device = target
     _interpreter_limits(device, dtype)
-    c, k, d = 48, 7, 3
+    k, d = 7, 3
     p = 3 * d
     x, _, w, b = _conv_inputs(c, c, k, 70, 0, device, dtype, seed=11)
     full = fast.conv1d(x, w, b, dilation=d, padding=p, dtype=dtype)
@@ -492,6 +521,62 @@ def test_sequence_tail_unfolds_the_next_convs_input(target, dtype, monkeypatch):
         unfolds.clear()
     with pytest.raises(ValueError, match="unfold"):
         fast.sequence_tail(last, x, 3, unfold=(7, 0))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_sequence_tail_hands_a_tap_major_conv_its_channels_last_copy(target, dtype):
+    """``sequence_tail(..., unfold=(k, d))`` before a tap-major conv writes, in the same launch, a channels-last copy of
+    the window (not unfolded rows), which the conv takes over: the same window and conv samples, bit for bit, as
+    the conv making its own copy; in place and into a new buffer, pushes shorter and longer than the history.  A
+    conv of another window does not take it."""
+    fast, device = target
+    _interpreter_limits(device, dtype)
+    c = 64
+    alpha = (torch.rand(c, generator=torch.Generator().manual_seed(3)) * 2 + 0.1).to(device)
+    w = _randn(c, c, 7, device=device, dtype=torch.float32, seed=4, scale=(c * 7) ** -0.5)
+    b = _randn(c, device=device, dtype=torch.float32, seed=5, scale=0.1)
+    for kept, n, d, in_place in ((54, 8, 9, True), (18, 300, 3, False), (6, 1, 1, True), (54, 2100, 9, True)):
+        x = _randn(2, c, n, device=device, dtype=torch.float16, seed=kept + n, scale=3.0)
+        last = _randn(2, c, kept + n, device=device, dtype=dtype, seed=n)
+        plain = fast.sequence_tail(last, x, kept + n, alpha=alpha)
+        expected = fast.conv1d(plain, w, b, dilation=d, dtype=dtype)  # makes its own copy
+        _poison(device)
+        hinted = fast.sequence_tail(last, x, kept + n, out=last if in_place else None, alpha=alpha, unfold=(7, d))
+        assert (hinted is last) == in_place and torch.equal(hinted, plain)
+        window, _, layout, copy = fast._handoff
+        assert window is hinted and layout == ("channels-last", dtype)
+        assert torch.equal(copy, plain.transpose(1, 2))
+        assert torch.equal(fast.conv1d(hinted, w, b, dilation=d, dtype=dtype), expected)
+        assert fast._handoff is None  # taken over
+        fast.sequence_tail(plain.clone(), x, kept + n, alpha=alpha, unfold=(7, d))
+        assert torch.equal(fast.conv1d(hinted, w, b, dilation=d, dtype=dtype), expected)  # another window's
+        assert fast._handoff is not None
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_tap_major_tiles_do_not_change_the_sums(target, dtype, monkeypatch):
+    """What lets a tap-major call pick its tile by length (``_taps_blocks``): 16 or 64 output channels (mma.sync or
+    wgmma) by 16, 32 or 64 samples give the same samples, bit for bit, at blocks 3 and 4's shapes and the last
+    conv's.  (On the GPU only, as the interpreter's matmul may round by shape.)"""
+    fast, device = target
+    if device.type != "cuda":
+        pytest.skip("a property of the GPU's tensor-core instructions")
+    cases = [(192, 192, 9, 300), (96, 96, 3, 257), (96, 1, 1, 129)]
+    for c_in, c_out, d, t in cases:
+        x, _, w, b = _conv_inputs(c_in, c_out, 7, t, 0, device, dtype, seed=c_in + d)
+        alpha = (torch.rand(c_out, generator=torch.Generator().manual_seed(d)) + 0.5).to(device)
+        outs = []
+        for block_co in (16, 64):
+            for block_t in (16, 32, 64):
+
+                def blocks(c_out, c_in, n_out, batch, device, tile=(block_co, block_t)):
+                    return tile[0], 64 if c_in % 64 == 0 else 32, tile[1]
+
+                monkeypatch.setattr(fast, "_taps_blocks", blocks)
+                _poison(device)
+                outs.append(fast.conv1d(x, w, b, dilation=d, padding=3 * d, alpha=alpha[:c_out], dtype=dtype))
+        for out in outs:
+            assert not out.isnan().any() and torch.equal(out, outs[0])
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)

@@ -42,6 +42,7 @@ import torch
 import triton
 import triton.language as tl
 from triton.language.extra import libdevice
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from zonos.ops import vocoder as reference
 from zonos.utils import tensor_version
@@ -247,6 +248,39 @@ def _conv_kernel(
 
 
 @triton.jit
+def _conv_taps_kernel(
+    x_desc, w_desc, b_ptr, a_ptr, out_ptr, C_in, C_out, n_out, offset, dilation, s_b, s_a, s_ob, s_oc, s_ot,
+    K: tl.constexpr, BLOCK_CO: tl.constexpr, BLOCK_CI: tl.constexpr, BLOCK_T: tl.constexpr, HAS_BIAS: tl.constexpr,
+    TANH: tl.constexpr, SNAKE: tl.constexpr, COMPUTE: tl.constexpr, STAGES: tl.constexpr,
+):  # fmt: skip
+    """A tap-major conv (:func:`_conv_taps`): the reduction walks tap by tap, ``BLOCK_CI`` channels at a time, each
+    slice of the channels-last input ``[B, T, C_in]`` a TMA box shifted by the tap along T (zeros outside the input:
+    the padding), each weight slice a box of the packed ``[C_out, K C_in]``; one chain of products from zero."""
+    t0 = tl.program_id(0) * BLOCK_T
+    co0 = tl.program_id(1) * BLOCK_CO
+    b = tl.program_id(2)
+    acc = tl.zeros((BLOCK_CO, BLOCK_T), dtype=tl.float32)
+    chunks = C_in // BLOCK_CI
+    for i in tl.range(0, K * chunks, num_stages=STAGES):
+        tap = i // chunks
+        ci0 = (i - tap * chunks) * BLOCK_CI
+        w = w_desc.load([co0, tap * C_in + ci0])
+        v = tl.reshape(x_desc.load([b, t0 + tap * dilation + offset, ci0]), (BLOCK_T, BLOCK_CI))
+        acc = tl.dot(w, tl.trans(v), acc)
+    co = co0 + tl.arange(0, BLOCK_CO)
+    t = t0 + tl.arange(0, BLOCK_T)
+    co_ok = co < C_out
+    y = _epilogue(acc, b_ptr, s_b, co, co_ok, HAS_BIAS, COMPUTE)
+    if TANH:
+        y = libdevice.tanh(y.to(tl.float32)).to(COMPUTE)
+    if SNAKE:
+        alpha = tl.load(a_ptr + co * s_a, mask=co_ok, other=1.0).to(tl.float32)[:, None]
+        y = snake_fp32(y.to(tl.float32), alpha).to(COMPUTE)
+    mask = co_ok[:, None] & (t < n_out)[None, :]
+    tl.store(out_ptr + b.to(tl.int64) * s_ob + co[:, None].to(tl.int64) * s_oc + t[None, :] * s_ot, y, mask=mask)
+
+
+@triton.jit
 def _conv_transpose_kernel(
     x_ptr, w_ptr, b_ptr, out_ptr, part_ptr, count_ptr,
     C_in, C_out, T_x, stride, start, length, q_first, n_q, n_groups,
@@ -336,13 +370,14 @@ def _tail_kernel(
     n_cols, first, step, s_hb, s_hc, s_ht, s_xb, s_xc, s_xt, s_ob, s_oc, s_ot, s_rhb, s_rhc, s_rht, s_rob, s_roc,
     s_rot, s_cb, s_cr,
     BLOCK_C: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_X: tl.constexpr, SNAKE: tl.constexpr, RAW: tl.constexpr,
-    K: tl.constexpr, KP: tl.constexpr, UNFOLD: tl.constexpr,
+    K: tl.constexpr, KP: tl.constexpr, UNFOLD: tl.constexpr, CHANNELS_LAST: tl.constexpr,
 ):  # fmt: skip
     """The last ``length`` samples of ``[history | x]`` (Snake's outputs for x with ``SNAKE``); with ``RAW`` also
     the last ``length_r`` of ``[raw history | x]`` (x as it is), which take the same samples of x (the wrapper
     checks it); with ``UNFOLD`` also the window unfolded for the conv that reads it next (``_unfold``'s rows
     ``c KP + k``: window samples ``first + k step + t``, ``t < n_cols``), each window sample stored into every
-    column that reads it as it is stored into the window: no program reads what another writes."""
+    column that reads it as it is stored into the window: no program reads what another writes; with
+    ``CHANNELS_LAST`` instead a ``[length, C]`` copy of the window for a tap-major conv (row ``t`` at ``s_cr t``)."""
     c = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
     b = tl.program_id(2).to(tl.int64)
     c_ok = (c < C)[:, None]
@@ -378,11 +413,15 @@ def _tail_kernel(
             tl.store(raw_rows + i[None, :] * s_rot, kept_r, mask=r_ok)
         if UNFOLD:
             _scatter_taps(cols, s_cr, c64, i[None, :], h_ok, kept, first, step, n_cols, K, KP)
+        if CHANNELS_LAST:
+            tl.store(cols + i[None, :] * s_cr + c64, kept, mask=h_ok)
     tl.store(out_rows + (n_h + j)[None, :] * s_ot, v, mask=x_ok)
     if RAW:
         tl.store(raw_rows + (n_hr + j)[None, :] * s_rot, v_in.to(rout_ptr.dtype.element_ty), mask=x_ok)
     if UNFOLD:
         _scatter_taps(cols, s_cr, c64, (n_h + j)[None, :], x_ok, v, first, step, n_cols, K, KP)
+    if CHANNELS_LAST:
+        tl.store(cols + (n_h + j)[None, :] * s_cr + c64, v, mask=x_ok)
 
 
 # -- wrappers ------------------------------------------------------------------------------------------
@@ -565,6 +604,81 @@ def _padded(n: int) -> int:
     return -(-n // 16) * 16
 
 
+# Convs of kernel > 1 over at most this many input channels (a multiple of 32) run tap-major (:func:`_conv_taps`) where
+# TMA exists (sm_90 on): blocks 3-4's k7 convs and the DAC's last conv.  Their stream windows then hand on a
+# channels-last copy (one value per sample) instead of 8 unfolded taps.  H200, session 17 (docs/BENCHMARKS.md): block
+# 3's k7 conv with its window 15.9 -> 12.2 us at 8-frame pushes, 24.0 -> 14.6 at 16; block 2's (384 channels) lost at
+# 8 frames (14.1 -> 15.9), so it keeps the dense path.
+TAP_MAJOR_CHANNELS = 192
+TAP_MAJOR_STAGES = 4  # TMA boxes in flight
+
+
+@functools.cache
+def _has_tma(device: torch.device) -> bool:
+    """sm_90 or later; Triton's interpreter (CPU tensors) runs tensor-descriptor loads too."""
+    return device.type != "cuda" or torch.cuda.get_device_capability(device) >= (9, 0)
+
+
+def _tap_major(c_in: int, k: int, dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether a conv with ``c_in`` input channels and kernel ``k`` runs tap-major (no residual): a property of the
+    layer alone, so that every call of a layer, streamed or one-shot, adds the same products in the same order."""
+    return (
+        k > 1
+        and c_in % 32 == 0
+        and c_in <= TAP_MAJOR_CHANNELS
+        and dtype in (torch.float16, torch.bfloat16)
+        and _has_tma(device)
+    )
+
+
+def _taps_blocks(c_out: int, c_in: int, n_out: int, batch: int, device: torch.device) -> tuple[int, int, int]:
+    """(BLOCK_CO, BLOCK_CI, BLOCK_T) of a tap-major call.  The slice ``BLOCK_CI`` depends on the layer only (it orders
+    the sum); the tile is the widest that keeps the SMs busy: 64 samples for long calls, 16 for the shortest."""
+    block_co = 64 if c_out >= 64 else 16
+    block_ci = 64 if c_in % 64 == 0 else 32
+    rows = triton.cdiv(c_out, block_co) * batch
+    sm = _sm_count(device)
+    if triton.cdiv(n_out, 64) * rows >= 8 * sm:
+        return block_co, block_ci, 64
+    return block_co, block_ci, 32 if triton.cdiv(n_out, 32) * rows >= sm else 16
+
+
+def _conv_taps(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    alpha: torch.Tensor | None,
+    out: torch.Tensor,
+    padding: int,
+    dilation: int,
+    tanh: bool,
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    """:func:`conv1d` without a residual, tap-major: on a channels-last copy of ``x`` (the one its window's
+    ``sequence_tail`` made, else made here) read by TMA boxes shifted tap by tap, which also supply the padding's
+    zeros, against the weights packed ``[C_out, K C_in]``."""
+    c_out, c_in, k = weight.shape
+    batch, n_out = x.shape[0], out.shape[-1]
+    rows = _handed_off(x, ("channels-last", dtype))
+    if rows is None:
+        rows = x.to(dtype).transpose(1, 2).contiguous()
+    w = _packed(weight, ("taps", dtype), lambda w: w.permute(0, 2, 1).reshape(c_out, k * c_in).to(dtype).contiguous())
+    block_co, block_ci, block_t = _taps_blocks(c_out, c_in, n_out, batch, x.device)
+    x_desc = TensorDescriptor(rows, list(rows.shape), list(rows.stride()), [1, block_t, block_ci])
+    w_desc = TensorDescriptor(w, list(w.shape), list(w.stride()), [block_co, block_ci])
+    b_ptr, s_b = _bias_args(bias, weight)
+    a = weight if alpha is None else alpha.reshape(c_out)
+    grid = (triton.cdiv(n_out, block_t), triton.cdiv(c_out, block_co), batch)
+    _conv_taps_kernel[grid](
+        x_desc, w_desc, b_ptr, a, out, c_in, c_out, n_out, -padding, dilation, s_b,
+        0 if alpha is None else a.stride(0), *out.stride(),
+        K=k, BLOCK_CO=block_co, BLOCK_CI=block_ci, BLOCK_T=block_t, HAS_BIAS=bias is not None, TANH=tanh,
+        SNAKE=alpha is not None, COMPUTE=_TL_DTYPES[dtype], STAGES=TAP_MAJOR_STAGES, num_warps=4,
+        enable_fp_fusion=alpha is None,  # Snake rounded as torch rounds it
+    )  # fmt: skip
+    return out
+
+
 def _unfold(x: torch.Tensor, k: int, kp: int, first: int, step: int, n: int, dtype: torch.dtype) -> torch.Tensor:
     """``[B, C kp, n]`` (rows padded to :func:`_padded`, the padding left unwritten): row ``c kp + j`` holds channel
     ``c`` at samples ``first + j step .. + n - 1`` in ``dtype``, zeros outside ``x`` and for ``j >= k``: the reduction
@@ -619,20 +733,27 @@ def _packed(weight: torch.Tensor, layout: tuple, pack: Callable[[torch.Tensor], 
     return packed
 
 
-# The unfolded input that the last ``sequence_tail(..., unfold=...)`` wrote in its launch, for the conv that reads its
-# window next: (window, its version, ``_unfold``'s arguments after x, unfolded rows).
+# The copy of its window that the last ``sequence_tail(..., unfold=...)`` wrote in its launch, for the conv that reads
+# the window next: (window, its version, the copy's layout, the copy).  The layout is ``_unfold``'s arguments after x
+# (unfolded rows) or ("channels-last", dtype) for a tap-major conv.
 _handoff: tuple | None = None
+
+
+def _handed_off(x: torch.Tensor, layout: tuple) -> torch.Tensor | None:
+    """The copy of ``x`` in ``layout`` that its ``sequence_tail`` made, if it made that one."""
+    global _handoff
+    if _handoff is not None:
+        window, version, made, copy = _handoff
+        if window is x and version == tensor_version(x) and made == layout:
+            _handoff = None
+            return copy
+    return None
 
 
 def _unfolded(x: torch.Tensor, *layout) -> torch.Tensor:
     """``_unfold(x, *layout)`` for a dense conv: the copy its ``sequence_tail`` made if it made one, else a new one."""
-    global _handoff
-    if _handoff is not None:
-        window, version, made, cols = _handoff
-        if window is x and version == tensor_version(x) and made == layout:
-            _handoff = None
-            return cols
-    return _unfold(x, *layout)
+    cols = _handed_off(x, layout)
+    return _unfold(x, *layout) if cols is None else cols
 
 
 def _covered(layout: tuple, length: int) -> bool:
@@ -698,6 +819,8 @@ def conv1d(
         residual, rh, H_r = out, out, 0
     if out.numel() == 0:
         return out
+    if rh is out and _tap_major(c_in, k, dtype, x.device):
+        return _conv_taps(x, weight, bias, alpha, out, padding, dilation, tanh, dtype)
     kp = triton.next_power_of_2(k)
     block_co, block_ci, block_t, warps = _blocks(c_out, c_in, k, n_out, batch, 1, x.device)
     b_ptr, s_b = _bias_args(bias, weight)
@@ -838,29 +961,36 @@ def sequence_tail(
     a = history if alpha is None else alpha.reshape(channels)
     s_a = a.stride(0) if alpha is not None else 0
     block_h = max(16, triton.next_power_of_2(max(n_h, n_hr)))
-    layout = None if unfold is None else _unfold_layout(unfold, length, out.dtype)
+    # The conv reading the window next is tap-major (it takes a channels-last copy) or dense (the unfolded rows).
+    channels_last = unfold is not None and len(unfold) == 2 and _tap_major(channels, unfold[0], out.dtype, out.device)
+    layout = None if unfold is None or channels_last else _unfold_layout(unfold, length, out.dtype)
     if layout is not None and not (
         _covered(layout, length) and _dense(batch, channels * layout[1], layout[4], out.dtype)
     ):
         layout = None  # the conv unfolds the window itself
     k, kp, first, step, n_cols, _ = layout or (1, 1, 0, 0, 0, None)
-    cols = (
-        out
-        if layout is None
-        else torch.empty(batch, channels * kp, _padded(n_cols), dtype=out.dtype, device=out.device)
-    )
-    # Programs of a few thousand stores each (the taps' copies of a sample count too).
-    block_x = max(block_h, min(1024 if layout is None else 256, triton.next_power_of_2(length - n_h)))  # >= n_h, n_hr
-    block_c = max(1, min(triton.next_power_of_2(channels), (2048 if layout is None else 256) // block_x))
+    if channels_last:
+        cols = torch.empty(batch, length, channels, dtype=out.dtype, device=out.device)
+    elif layout is not None:
+        cols = torch.empty(batch, channels * kp, _padded(n_cols), dtype=out.dtype, device=out.device)
+    else:
+        cols = out
+    # Programs of a few thousand stores each (the taps' copies of a sample count too), square where the copy is
+    # channels-last (its runs go along the channels, the window's along the samples).
+    widest, stores = (64, 4096) if channels_last else (1024, 2048) if cols is out else (256, 256)
+    block_x = max(block_h, min(widest, triton.next_power_of_2(length - n_h)))  # >= n_h, n_hr
+    block_c = max(1, min(triton.next_power_of_2(channels), stores // block_x))
     grid = (triton.cdiv(channels, block_c), max(1, triton.cdiv(length - n_h, block_x)), batch)
     _tail_kernel[grid](
         history, x, a, out, raw_history, raw_out, cols, channels, H, n, length, H_r, raw_length, s_a,
         n_cols, first, step, *history.stride(), *x.stride(), *out.stride(), *raw_history.stride(),
         *raw_out.stride(), cols.stride(0), cols.stride(1),
         BLOCK_C=block_c, BLOCK_H=block_h, BLOCK_X=block_x, SNAKE=alpha is not None, RAW=raw is not None,
-        K=k, KP=kp, UNFOLD=layout is not None, num_warps=4,
+        K=k, KP=kp, UNFOLD=layout is not None, CHANNELS_LAST=channels_last, num_warps=4,
         enable_fp_fusion=False,  # Snake rounded as torch rounds it
     )  # fmt: skip
-    if layout is not None:
+    if channels_last:
+        _handoff = (out, tensor_version(out), ("channels-last", out.dtype), cols)
+    elif layout is not None:
         _handoff = (out, tensor_version(out), layout, cols)
     return out

@@ -611,6 +611,10 @@ def _padded(n: int) -> int:
 # 8 frames (14.1 -> 15.9), so it keeps the dense path.
 TAP_MAJOR_CHANNELS = 192
 TAP_MAJOR_STAGES = 4  # TMA boxes in flight
+# A window launch writing a channels-last copy: (most samples, elements, warps) per program.  Small programs: at 64 x
+# 64 elements the launch took 11-14 us where the window alone takes 2.5-4 (H200, session 17; 32 samples x 16 channels
+# on 2 warps: 3.4-7.2 us, the best of 9 shapes at blocks 3-4's windows of 2-16-frame pushes).
+CHANNELS_LAST_TILE = (32, 512, 2)
 
 
 @functools.cache
@@ -977,7 +981,7 @@ def sequence_tail(
         cols = out
     # Programs of a few thousand stores each (the taps' copies of a sample count too), square where the copy is
     # channels-last (its runs go along the channels, the window's along the samples).
-    widest, stores = (64, 4096) if channels_last else (1024, 2048) if cols is out else (256, 256)
+    widest, stores, warps = CHANNELS_LAST_TILE if channels_last else (1024, 2048, 4) if cols is out else (256, 256, 4)
     block_x = max(block_h, min(widest, triton.next_power_of_2(length - n_h)))  # >= n_h, n_hr
     block_c = max(1, min(triton.next_power_of_2(channels), stores // block_x))
     grid = (triton.cdiv(channels, block_c), max(1, triton.cdiv(length - n_h, block_x)), batch)
@@ -986,7 +990,7 @@ def sequence_tail(
         n_cols, first, step, *history.stride(), *x.stride(), *out.stride(), *raw_history.stride(),
         *raw_out.stride(), cols.stride(0), cols.stride(1),
         BLOCK_C=block_c, BLOCK_H=block_h, BLOCK_X=block_x, SNAKE=alpha is not None, RAW=raw is not None,
-        K=k, KP=kp, UNFOLD=layout is not None, CHANNELS_LAST=channels_last, num_warps=4,
+        K=k, KP=kp, UNFOLD=layout is not None, CHANNELS_LAST=channels_last, num_warps=warps,
         enable_fp_fusion=False,  # Snake rounded as torch rounds it
     )  # fmt: skip
     if channels_last:

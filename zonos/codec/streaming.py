@@ -38,10 +38,10 @@ input sample per transposed-conv call (its history, recomputed so that every out
 in the one-shot decode: ~3% more work at 1-frame pushes; a test counts them).  The state is each conv's last
 ``(k - 1) d`` inputs (Snake's outputs), each transposed conv's last input and each residual unit's raw
 inputs whose output is not final yet.  What small chunks add is per-call cost: on CUDA the pushes are
-replayed from CUDA graphs (see :class:`StreamingDACDecoder`), and a steady 2-frame push still takes ~0.24 ms
+replayed from CUDA graphs (see :class:`StreamingDACDecoder`), and a steady 2-frame push still takes ~0.25 ms
 of GPU time on an H200 (53 kernels, the convs most of it: small calls read every weight at a fraction of the
-bandwidth, in chains of dependent loads), ~5x the one-shot decode's cost for those frames, ~1x at 16-frame pushes
-(``benchmarks/vocoder_profile.py``, ``benchmarks/streaming.py``, docs/BENCHMARKS.md).
+bandwidth, in chains of dependent loads), ~6.5x the one-shot decode's cost for those frames, ~1.3x at 16-frame
+pushes and ~1x at 32 (``benchmarks/vocoder_profile.py``, ``benchmarks/streaming.py``, docs/BENCHMARKS.md).
 
 Exactness: every output sample is computed by the same sums of the same products as in the one-shot
 decode, so the stream equals it exactly wherever each conv kernel's summation order does not depend on

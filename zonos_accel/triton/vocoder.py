@@ -27,6 +27,14 @@ its window, in the same launch) and its weights packed once per weight tensor, b
 slices deep.  The dot products see the same numbers in the same order, so this
 too changes the time, not the samples.
 
+The k7 convs of at most :data:`TAP_MAJOR_CHANNELS` channels (blocks 3-4's, and the last conv) run tap-major
+instead, on sm_90 and later: their input copied channels-last, each reduction slice is a TMA box of ``BLOCK_CI``
+channels shifted along the samples by the tap (the boxes' zeros outside the input are the padding), so neither a
+gather nor an unfolded copy is needed, and a stream window hands the conv its channels-last copy (one value per
+sample, not 8 unfolded taps).  The sum is one chain, tap by tap, whatever the call's length, so streamed and one-shot
+calls of a layer still agree bit for bit.  On the H200 the one-shot decode went from 0.029 to 0.021 ms per frame
+(cuDNN: 0.031), and streamed pushes cost what they did (docs/BENCHMARKS.md, session 17).
+
 Snake stays a launch of its own (:mod:`.snake`): applied as a conv loaded its input, it was recomputed for
 every tap and channel tile, which made these kernels 5x slower than cuDNN one-shot (H200).
 """

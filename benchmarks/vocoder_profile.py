@@ -109,7 +109,7 @@ SWEEP = [(co, red, t) for co in (16, 32, 64) for red in (64, 128) for t in (32, 
 def sweep_tiles(codec: DACAutoencoder, chunks: list[int], layers: int | None = None) -> None:
     """The same tile for every layer and call instead of ``_blocks``'s choice (a transposed conv's: ``BLOCK_CO`` rows
     of (channel, phase), its phases together as ``_transposed_blocks`` groups them); any keeps the stream
-    bit-exact."""
+    bit-exact.  The tap-major convs (blocks 3-4's k7 convs and the last) keep ``_taps_blocks``' tiles."""
     default = kernels._blocks, kernels._transposed_blocks
 
     def apply(config):

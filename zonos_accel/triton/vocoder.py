@@ -215,6 +215,17 @@ def _epilogue(acc, b_ptr, s_b, co, co_ok, HAS_BIAS: tl.constexpr, COMPUTE: tl.co
 
 
 @triton.jit
+def _activate(y, a_ptr, s_a, co, co_ok, TANH: tl.constexpr, SNAKE: tl.constexpr, COMPUTE: tl.constexpr):
+    """A conv's output after its tanh, or the next conv's Snake (as the Snake kernel computes it on this output)."""
+    if TANH:
+        y = libdevice.tanh(y.to(tl.float32)).to(COMPUTE)
+    if SNAKE:
+        alpha = tl.load(a_ptr + co * s_a, mask=co_ok, other=1.0).to(tl.float32)[:, None]
+        y = snake_fp32(y.to(tl.float32), alpha).to(COMPUTE)
+    return y
+
+
+@triton.jit
 def _conv_kernel(
     x_ptr, w_ptr, b_ptr, r_ptr, rh_ptr, a_ptr, out_ptr, part_ptr, count_ptr,
     C_in, C_out, T_x, n_out, offset, dilation, T_r, H_r, res_offset, n_groups,
@@ -246,11 +257,7 @@ def _conv_kernel(
             s_rhb, s_rhc, s_rht, s_rb, s_rc, s_rt,
         )  # fmt: skip
         y = (y.to(tl.float32) + res).to(COMPUTE)
-    if TANH:
-        y = libdevice.tanh(y.to(tl.float32)).to(COMPUTE)
-    if SNAKE:  # the next conv's Snake, as the Snake kernel computes it on this output
-        alpha = tl.load(a_ptr + co * s_a, mask=co_ok, other=1.0).to(tl.float32)[:, None]
-        y = snake_fp32(y.to(tl.float32), alpha).to(COMPUTE)
+    y = _activate(y, a_ptr, s_a, co, co_ok, TANH, SNAKE, COMPUTE)
     mask = co_ok[:, None] & (t < n_out)[None, :] & last
     tl.store(out_ptr + b * s_ob + co[:, None].to(tl.int64) * s_oc + t[None, :] * s_ot, y, mask=mask)
 
@@ -279,11 +286,7 @@ def _conv_taps_kernel(
     t = t0 + tl.arange(0, BLOCK_T)
     co_ok = co < C_out
     y = _epilogue(acc, b_ptr, s_b, co, co_ok, HAS_BIAS, COMPUTE)
-    if TANH:
-        y = libdevice.tanh(y.to(tl.float32)).to(COMPUTE)
-    if SNAKE:
-        alpha = tl.load(a_ptr + co * s_a, mask=co_ok, other=1.0).to(tl.float32)[:, None]
-        y = snake_fp32(y.to(tl.float32), alpha).to(COMPUTE)
+    y = _activate(y, a_ptr, s_a, co, co_ok, TANH, SNAKE, COMPUTE)
     mask = co_ok[:, None] & (t < n_out)[None, :]
     tl.store(out_ptr + b.to(tl.int64) * s_ob + co[:, None].to(tl.int64) * s_oc + t[None, :] * s_ot, y, mask=mask)
 

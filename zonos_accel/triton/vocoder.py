@@ -619,7 +619,8 @@ def _padded(n: int) -> int:
 # TMA exists (sm_90 on): blocks 3-4's k7 convs and the DAC's last conv.  Their stream windows then hand on a
 # channels-last copy (one value per sample) instead of 8 unfolded taps.  H200, session 17 (docs/BENCHMARKS.md): block
 # 3's k7 conv with its window 15.9 -> 12.2 us at 8-frame pushes, 24.0 -> 14.6 at 16; block 2's (384 channels) lost at
-# 8 frames (14.1 -> 15.9), so it keeps the dense path.
+# 8 frames (14.1 -> 15.9), so it keeps the dense path.  In the whole decoder (session 18), 384 cost 3-10% more at
+# 2-8-frame pushes and the same at 16; 768 was slower at every push size.
 TAP_MAJOR_CHANNELS = 192
 TAP_MAJOR_STAGES = 4  # TMA boxes in flight
 # A window launch writing a channels-last copy: (most samples, elements, warps) per program.  Small programs: at 64 x

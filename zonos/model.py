@@ -38,8 +38,8 @@ HEADS_ROW_MULTIPLE = 16
 # Streaming schedule (H200, benchmarks/streaming.py, docs/BENCHMARKS.md, session 15): a 1-frame first chunk hands out
 # audio ~3 ms sooner than a 2-frame one (48.0 vs 51.0 ms p50, where the decode steps dominate) at the same
 # real-time factor (5.32 vs 5.27); chunks then double up to 16 frames, where a streamed frame's vocoder cost is
-# 0.030 ms, what the one-shot decode costs (8 frames: 0.045, 1.5x). Steady chunks arrive ~35 ms apart and play for
-# 186 ms each.
+# 0.027 ms, 1.24-1.31x the one-shot decode's 0.021 (8 frames: 0.045, 2x; session 18). Steady chunks arrive ~35 ms
+# apart and play for 186 ms each.
 DEFAULT_FIRST_CHUNK_FRAMES = 1
 DEFAULT_CHUNK_FRAMES = 16
 

@@ -41,8 +41,8 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interlea
 def rotary_qk(
     q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, rotary_dim: int, base: float, interleaved: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rotate queries (b, l, hq, d) and keys (b, l, hk, d) at integer ``positions`` (l,), with cos/sin
-    rounded to the activation dtype as :func:`rotary_cos_sin` does."""
+    """Rotate queries (b, l, hq, d) and keys (b, l, hk, d) at integer ``positions`` (l,) shared by the batch or
+    (b, l) per row, with cos/sin rounded to the activation dtype as :func:`rotary_cos_sin` does."""
     cos, sin = rotary_cos_sin(positions, rotary_dim, base, q.dtype)
     return apply_rotary(q, cos, sin, interleaved), apply_rotary(k, cos, sin, interleaved)
 
@@ -59,11 +59,16 @@ def rotate_and_cache(
     interleaved: bool,
 ) -> torch.Tensor:
     """The attention layer's step between its projection and the attention: rotate queries (b, l, hq, d) and
-    keys (b, l, hk, d) at integer ``positions`` (l,) (no rotation when ``rotary_dim`` is 0), store the keys and
-    values (b, l, hk, d) in the caches (b, max_seqlen, hk, d) at rows ``positions``, and return the rotated
-    queries. One op, so a fast path can do it in one launch."""
+    keys (b, l, hk, d) at integer ``positions`` ((l,) shared by the batch, or (b, l): each row's own; no rotation
+    when ``rotary_dim`` is 0), store the keys and values (b, l, hk, d) in the caches (b, max_seqlen, hk, d) at
+    rows ``positions``, and return the rotated queries. One op, so a fast path can do it in one launch."""
     if rotary_dim:
         q, k = rotary_qk(q, k, positions, rotary_dim, base, interleaved)
-    k_cache.index_copy_(1, positions, k)
-    v_cache.index_copy_(1, positions, v)
+    if positions.dim() == 1:
+        k_cache.index_copy_(1, positions, k)
+        v_cache.index_copy_(1, positions, v)
+    else:
+        rows = positions[..., None, None].expand(-1, -1, *k.shape[2:])  # (b, l, hk, d)
+        k_cache.scatter_(1, rows, k)
+        v_cache.scatter_(1, rows, v)
     return q

@@ -1,0 +1,122 @@
+"""Our Triton kernel of Mamba2's gated RMSNorm (zonos_accel/triton/gated_norm.py) against its torch reference,
+``zonos.ops.gated_rms_norm``, evaluated in float64.
+
+The kernel runs compiled on the GPU (where there is one) or, with TRITON_INTERPRET=1, in Triton's interpreter on
+the CPU, on fresh random inputs at Zonos-v0.1-hybrid shapes (d_inner 4096, one group) and ragged ones, x and z
+passed as strided views of one projection; the output memory is poisoned with NaN first.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from zonos import ops
+
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@pytest.fixture(scope="module", params=["interpreter", pytest.param("cuda", marks=pytest.mark.gpu)])
+def device(request):
+    if request.param == "cuda" and (INTERPRET or not torch.cuda.is_available()):
+        pytest.skip("needs a CUDA device (and TRITON_INTERPRET unset)")
+    if request.param == "interpreter" and not INTERPRET:
+        pytest.skip("run with TRITON_INTERPRET=1 to interpret the kernels on the CPU")
+    if request.param == "interpreter" and tuple(map(int, np.__version__.split(".")[:2])) >= (2, 3):
+        pytest.skip("Triton's interpreter fails with numpy >= 2.3: pip install 'numpy<2.3'")
+    pytest.importorskip("triton")
+    return torch.device("cuda" if request.param == "cuda" else "cpu")
+
+
+def _dtypes(device):
+    # Triton's interpreter rounds bf16 differently from the GPU (numpy has no bf16): fp16 stands in for it there.
+    return [torch.float32, torch.bfloat16] if device.type == "cuda" else [torch.float32, torch.float16]
+
+
+def _poison(device):
+    if device.type == "cuda":
+        junk = torch.full((64 << 20,), float("nan"), device=device)
+        del junk
+
+
+def _rel(out, ref):
+    assert torch.isfinite(out).all(), "non-finite output"
+    return ((out.double() - ref.double()).norm() / ref.double().norm()).item()
+
+
+def _inputs(lead, width, dtype, device, seed):
+    gen = torch.Generator().manual_seed(seed)
+    zx = torch.randn(*lead, 2 * width + 8, generator=gen).to(device=device, dtype=dtype)
+    z, x = zx[..., :width], zx[..., width : 2 * width]  # strided views of one projection, as in the mixer
+    w = (1 + 0.5 * torch.randn(width, generator=gen)).to(device=device, dtype=dtype)
+    return x, z, w
+
+
+@pytest.mark.parametrize(
+    "lead,width,group",
+    [
+        ((2, 1), 4096, 4096),
+        ((1, 1), 4096, 4096),
+        ((2, 121), 4096, 4096),
+        ((3,), 4096, 1024),
+        ((5, 3), 300, 100),
+        ((7,), 37, 37),
+    ],
+)
+def test_equals_reference(device, lead, width, group):
+    from zonos_accel.triton.gated_norm import gated_rms_norm
+
+    for dtype in _dtypes(device):
+        x, z, w = _inputs(lead, width, dtype, device, seed=width + group)
+        ref = ops.gated_rms_norm(x.double(), z.double(), w.double(), 1e-5, group)
+        ref_same = ops.gated_rms_norm(x, z, w, 1e-5, group)
+        _poison(device)
+        out = gated_rms_norm(x, z, w, 1e-5, group)
+        assert out.shape == x.shape and out.dtype == dtype
+        assert _rel(out, ref) <= 2 * _rel(ref_same, ref) + 1e-6
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows", [16, 512, 2 * 4096])
+def test_many_rows(device, rows):
+    if device.type != "cuda":
+        pytest.skip("the interpreter covers the small row counts")
+    from zonos_accel.triton.gated_norm import gated_rms_norm
+
+    x, z, w = _inputs((rows,), 4096, torch.bfloat16, device, seed=rows)
+    ref = ops.gated_rms_norm(x.double(), z.double(), w.double(), 1e-5, 4096)
+    _poison(device)
+    assert _rel(gated_rms_norm(x, z, w, 1e-5, 4096), ref) < 4e-3
+
+
+def test_nan_stays_in_its_group(device):
+    from zonos_accel.triton.gated_norm import gated_rms_norm
+
+    x, z, w = _inputs((3,), 64, torch.float32, device, seed=1)
+    x[1, 40] = float("nan")
+    out = gated_rms_norm(x, z, w, 1e-5, 32)
+    bad = torch.zeros_like(out, dtype=torch.bool)
+    bad[1, 32:] = True
+    assert torch.isnan(out[bad]).all() and torch.isfinite(out[~bad]).all()
+
+
+def test_rejects_a_group_that_does_not_divide(device):
+    from zonos_accel.triton.gated_norm import gated_rms_norm
+
+    x, z, w = _inputs((2,), 96, torch.float32, device, seed=2)
+    with pytest.raises(ValueError, match="group_size"):
+        gated_rms_norm(x, z, w, 1e-5, 64)
+
+
+def test_cpu_tensors_without_the_interpreter_are_a_clear_error():
+    pytest.importorskip("triton")
+    if INTERPRET:
+        pytest.skip("the interpreter runs CPU tensors")
+    from zonos_accel.triton.gated_norm import gated_rms_norm
+
+    x, z, w = _inputs((2,), 64, torch.float32, torch.device("cpu"), seed=3)
+    with pytest.raises(RuntimeError, match="needs CUDA tensors"):
+        gated_rms_norm(x, z, w, 1e-5, 64)

@@ -1,55 +1,532 @@
-"""sample.py end to end on a tiny local checkpoint and codec: one-shot and streamed wavs."""
+"""The ``zonos-tts`` command line (and sample.py) end to end on a tiny local checkpoint and codec.
 
+Every subcommand runs for real on the tiny model; most tests reuse one loaded model (``cli.load_model`` is
+patched to hand it out and count the loads), and one test loads it from its directory as a user would.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import re
+import struct
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import numpy as np
 import pytest
 import soundfile as sf
 import torch
 
 import sample
 from tests.tiny import save_tiny_checkpoint, tiny_codec
+from zonos import cli
+from zonos.conditioning import make_cond_dict
+from zonos.conditioning.segments import split_text
+from zonos.errors import ZonosInputError
+from zonos.speaker import SpeakerEmbedding, SpeakerNetConfig
+from zonos.speaker.network import ResNetSimAMASP
+
+ROOT = Path(__file__).resolve().parents[1]
+TEXT = "Testing one, two."
+FRAMES = 16
+SR = 44100
+TINY_SPEAKER = SpeakerNetConfig(in_planes=4, num_blocks=(1, 1, 1, 1), attention_dim=8, embed_dim=16, lda_dim=128)
 
 
-def test_sample_cli_one_shot_and_stream(tmp_path, capsys):
-    model_dir, codec_dir = tmp_path / "model", tmp_path / "codec"
-    model_dir.mkdir()
-    save_tiny_checkpoint(model_dir, "transformer")
-    tiny_codec().save_pretrained(codec_dir)
-    common = ["--model", str(model_dir), "--codec", str(codec_dir), "--device", "cpu", "--seed", "1"]
-    common += ["--max-new-tokens", "20", "--no-progress", "--text", "Testing one, two."]
-    assert sample.main([*common, "--out", str(tmp_path / "a.wav")]) == 0
-    assert sample.main([*common, "--out", str(tmp_path / "b.wav"), "--stream", "--chunk-frames", "3"]) == 0
-    a, sr_a = sf.read(tmp_path / "a.wav")
-    b, sr_b = sf.read(tmp_path / "b.wav")
-    assert sr_a == sr_b == 44100 and len(a) == len(b) > 0 and len(a) % 512 == 0
-    assert abs(a - b).max() < 1e-4  # the same seed streams the same audio
-    assert "time to first audio" in capsys.readouterr().err
+# ------------------------------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(scope="module")
+def dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cli")
+    (root / "model").mkdir()
+    save_tiny_checkpoint(root / "model", "transformer")
+    tiny_codec().save_pretrained(root / "codec")
+    return root / "model", root / "codec"
+
+
+@pytest.fixture(scope="module")
+def common(dirs):
+    model_dir, codec_dir = dirs
+    return ["--model", str(model_dir), "--codec", str(codec_dir), "--device", "cpu", "--seed", "1"] + [
+        "--max-new-tokens",
+        str(FRAMES),
+        "--no-progress",
+    ]
+
+
+@pytest.fixture(scope="module")
+def loaded(common):
+    """The tiny model, loaded once through the CLI's own loader."""
+    args = cli._speak_parser("t", "x.wav").parse_args(["x", *common])
+    return cli.load_model(args, torch.device("cpu"))
+
+
+@pytest.fixture
+def loads(monkeypatch, loaded):
+    """Patch the CLI's loader to hand out the loaded model; the list counts the loads."""
+    calls = []
+
+    def load(args, device):
+        calls.append(args.model)
+        return loaded
+
+    monkeypatch.setattr(cli, "load_model", load)
+    return calls
+
+
+@pytest.fixture
+def no_load(monkeypatch):
+    """Any model load fails the test: bad input must be refused before one."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model was loaded for bad input")
+
+    monkeypatch.setattr(cli, "load_model", refuse)
+    monkeypatch.setattr(SpeakerEmbedding, "from_pretrained", classmethod(refuse))
+
+
+@pytest.fixture(scope="module")
+def tiny_speaker():
+    g = torch.Generator().manual_seed(3)
+    with torch.device("meta"):
+        shapes = {k: v.shape for k, v in ResNetSimAMASP(TINY_SPEAKER).state_dict().items()}
+    net = {}
+    for name, shape in shapes.items():
+        if name.endswith("num_batches_tracked"):
+            net[name] = torch.tensor(1)
+        elif name.endswith("running_var"):
+            net[name] = 0.5 + torch.rand(shape, generator=g)
+        elif len(shape) == 1:
+            net[name] = 0.1 * torch.randn(shape, generator=g) + (0 if "bias" in name or "mean" in name else 1)
+        else:
+            net[name] = torch.randn(shape, generator=g) * math.sqrt(2 / math.prod(shape[1:]))
+    lda = {"weight": torch.randn(128, 16, generator=g) / 4, "bias": 0.1 * torch.randn(128, generator=g)}
+    return SpeakerEmbedding.from_state_dicts(net, lda, config=TINY_SPEAKER)
+
+
+@pytest.fixture
+def speaker_model(monkeypatch, tiny_speaker):
+    """SpeakerEmbedding.from_pretrained hands out the tiny speaker model (the real one is a download)."""
+    calls = []
+
+    def from_pretrained(cls, repo_id="default", *args, **kwargs):
+        calls.append(str(repo_id))
+        return tiny_speaker
+
+    monkeypatch.setattr(SpeakerEmbedding, "from_pretrained", classmethod(from_pretrained))
+    return calls
+
+
+@pytest.fixture(scope="module")
+def clip(tmp_path_factory):
+    """1.2 s of a speech-like signal at 24 kHz."""
+    path = tmp_path_factory.mktemp("clip") / "voice.wav"
+    t = np.arange(int(1.2 * 24000)) / 24000
+    rng = np.random.default_rng(0)
+    wav = 0.3 * np.sin(2 * np.pi * 170 * t) * np.sin(2 * np.pi * 3 * t) + 0.05 * rng.standard_normal(t.size)
+    sf.write(path, wav.astype(np.float32), 24000, subtype="FLOAT")
+    return path
+
+
+def run(argv, capsys, stdin: str | None = None, entry=None) -> tuple[int, bytes, str]:
+    """Run the command line with a binary stdout; returns (exit status, stdout bytes, stderr)."""
+    out = io.BytesIO()
+    saved = sys.stdout, sys.stdin
+    sys.stdout = wrapper = io.TextIOWrapper(out, write_through=True)  # kept: collecting it would close `out`
+    if stdin is not None:
+        sys.stdin = io.StringIO(stdin)
+    try:
+        code = (entry or cli.main)(argv)
+    except SystemExit as e:
+        code = e.code
+    finally:
+        wrapper.flush()
+        sys.stdout, sys.stdin = saved
+    return code, out.getvalue(), capsys.readouterr().err
+
+
+def one_line_error(err: str) -> str:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    return lines[0]
+
+
+def read(path_or_bytes):
+    source = io.BytesIO(path_or_bytes) if isinstance(path_or_bytes, bytes) else path_or_bytes
+    with sf.SoundFile(source) as f:
+        return f.read(dtype="float32"), f.samplerate, f.subtype
+
+
+# -------------------------------------------------------------------------------------------- speak
+
+
+@pytest.fixture(scope="module")
+def reference(common, tmp_path_factory):
+    """TEXT spoken one-shot into a float wav, the model loaded from its directory (the real path)."""
+    out = tmp_path_factory.mktemp("ref") / "ref.wav"
+    assert cli.main(["speak", TEXT, *common, "--out", str(out), "--sample-format", "float"]) == 0
+    audio, sr, subtype = read(out)
+    assert sr == SR and subtype == "FLOAT" and audio.size and audio.size % 512 == 0
+    assert np.abs(audio).max() > 1e-3
+    return audio
+
+
+def test_each_file_format_one_shot_and_streamed(reference, common, loads, tmp_path, capsys):
+    step = 1 / 32768  # libsndfile's 16-bit scale
+    cases = [  # (name, extra flags, subtype)
+        ("a.wav", [], "PCM_16"),
+        ("b.wav", ["--stream", "--chunk-frames", "3"], "PCM_16"),
+        ("c.wav", ["--stream", "--sample-format", "float"], "FLOAT"),
+        ("d.flac", ["--stream", "--first-chunk-frames", "2"], "PCM_16"),
+        ("e.flac", ["--sample-format", "pcm16"], "PCM_16"),
+    ]
+    for name, flags, subtype in cases:
+        out = tmp_path / name
+        out.write_bytes(b"poison: must be replaced")
+        code, _, err = run(["speak", TEXT, *common, "--out", str(out), *flags], capsys)
+        assert code == 0, err
+        audio, sr, got = read(out)
+        assert (sr, got, audio.size) == (SR, subtype, reference.size), name
+        stream = "--stream" in flags
+        # 16-bit output is the float reference within one step; a streamed run of the same seed gives the
+        # same audio up to float rounding.
+        tolerance = (step if subtype == "PCM_16" else 0) + (1e-4 if stream else 1e-7)
+        assert np.abs(audio - reference).max() <= tolerance, name
+        assert ("time to first audio" in err) == stream
+        assert "reached --max-new-tokens" in err  # the tiny model never ends by itself within 16 frames
+    # Vorbis is lossy: same length and rate, and the waveform is close to the reference.
+    code, _, err = run(["speak", TEXT, *common, "--out", str(tmp_path / "f.ogg")], capsys)
+    assert code == 0, err
+    audio, sr, subtype = read(tmp_path / "f.ogg")
+    assert (sr, subtype, audio.size) == (SR, "VORBIS", reference.size)
+    assert np.corrcoef(audio, reference)[0, 1] > 0.5  # Vorbis keeps the spectrum more than the waveform
+    assert 0.7 < np.sqrt(np.mean(audio**2) / np.mean(reference**2)) < 1.3
+    assert len(loads) == 6
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.wav", "b.wav", "c.wav", "d.flac", "e.flac", "f.ogg"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("sample_format", ["pcm16", "float"])
+def test_stdin_to_stdout(reference, common, loads, capsys, stream, sample_format):
+    flags = ["--stream"] if stream else []
+    code, data, err = run(
+        ["speak", "-", *common, "--out", "-", "--sample-format", sample_format, *flags], capsys, stdin=TEXT + "\n"
+    )
+    assert code == 0, err
+    width = 2 if sample_format == "pcm16" else 4
+    riff, _, _, _, _, tag, channels, sr, _, _, bits, _, size = struct.unpack("<4sI4s4sIHHIIHH4sI", data[:44])
+    assert (riff, tag, channels, sr, bits) == (b"RIFF", 1 if width == 2 else 3, 1, SR, 8 * width)
+    assert size == (0xFFFFFFFF if stream else len(data) - 44)  # a stream's length is unknown when the header goes
+    samples = np.frombuffer(data[44:], dtype="<i2" if width == 2 else "<f4")
+    assert samples.size == reference.size
+    as_file = io.BytesIO()  # what a file of this sample format holds
+    sf.write(as_file, reference, SR, format="WAV", subtype="PCM_16" if width == 2 else "FLOAT")
+    expected = read(as_file.getvalue())[0]
+    got = samples / 32768 if width == 2 else samples
+    assert np.abs(got - expected).max() <= (1e-4 + (1 / 32768 if width == 2 else 0) if stream else 0)
+    audio, rate, _ = read(data)  # what a player reading the pipe sees
+    assert rate == SR and audio.size == reference.size
+
+
+def test_text_from_a_file_and_sample_py(common, loads, tmp_path, capsys):
+    (tmp_path / "text.txt").write_text(TEXT, encoding="utf-8")
+    code, _, err = run(["speak", "-f", str(tmp_path / "text.txt"), *common, "--out", str(tmp_path / "f.wav")], capsys)
+    assert code == 0, err
+    code, _, err = run([*common, "--out", str(tmp_path / "s.wav")], capsys, entry=sample.main)  # default text
+    assert code == 0, err
+    code, _, err = run([TEXT, *common, "--out", str(tmp_path / "t.wav")], capsys, entry=sample.main)
+    assert code == 0, err
+    file_audio, sample_audio, text_audio = (read(tmp_path / n)[0] for n in ("f.wav", "s.wav", "t.wav"))
+    assert np.array_equal(file_audio, text_audio)
+    assert sample_audio.size == text_audio.size and not np.array_equal(sample_audio, text_audio)
+
+
+LONG = "The first sentence is here. A second one follows, with a comma in it. And a third closes the text."
+
+
+def test_long_text_is_spoken_segment_by_segment(common, loads, loaded, monkeypatch, tmp_path, capsys):
+    monkeypatch.setitem(sys.modules, "zonos.longform", None)  # the per-segment fallback, even once it exists
+    segments = split_text(LONG, 45)
+    assert len(segments) == 3
+    for flags in ([], ["--stream"]):
+        out = tmp_path / f"long{len(flags)}.wav"
+        code, _, err = run(
+            [
+                *("speak", LONG, *common, "--max-new-tokens", "8", "--max-segment-chars", "45", "--out", str(out)),
+                *("--sample-format", "float", *flags),
+            ],
+            capsys,
+        )
+        assert code == 0, err
+        assert "speaking 3 segments" in err and err.count("reached --max-new-tokens") == 3
+        # The same as generating each segment in turn with one seeded generator and concatenating.
+        generator = torch.Generator().manual_seed(1)
+        pieces = []
+        for text in segments:
+            prefix = loaded.prepare_conditioning(make_cond_dict(text=text, device="cpu"))
+            codes = loaded.generate(prefix, max_new_tokens=8, generator=generator, progress_bar=False)
+            pieces.append(loaded.autoencoder.decode(codes)[0, 0].numpy())
+        audio = read(out)[0]
+        expected = np.concatenate(pieces)
+        assert audio.size == expected.size and np.abs(audio - expected).max() < 1e-4
+
+
+def test_long_text_goes_to_longform_speak_segments_when_it_exists(common, loads, loaded, monkeypatch, tmp_path, capsys):
+    seen = []
+
+    def speak_segments(model, segments, cond, stream, **generate_kwargs):
+        seen.append((model, segments, cond, stream, generate_kwargs))
+        prefix = model.prepare_conditioning(make_cond_dict(text=" ".join(segments), **cond))
+        return model.generate(prefix, stream=stream, **generate_kwargs)
+
+    monkeypatch.setitem(sys.modules, "zonos.longform", types.SimpleNamespace(speak_segments=speak_segments))
+    for flags in ([], ["--stream", "--chunk-frames", "4"]):
+        out = tmp_path / f"api{len(flags)}.wav"
+        code, _, err = run(["speak", LONG, *common, "--max-segment-chars", "45", "--out", str(out), *flags], capsys)
+        assert code == 0, err
+        model, segments, cond, stream, kwargs = seen[-1]
+        assert model is loaded and segments == split_text(LONG, 45) and stream == bool(flags)
+        assert cond["language"] == "en-us" and cond["speaker"] is None
+        assert kwargs["max_new_tokens"] == FRAMES and kwargs["cfg_scale"] == 2.0
+        assert kwargs.get("chunk_frames") == (4 if flags else None)
+        assert read(out)[0].size == FRAMES * 512
+
+
+def test_a_failure_leaves_no_partial_file(common, loads, loaded, monkeypatch, tmp_path, capsys):
+    real = loaded.generate
+    sizes = []
+
+    def failing(prefix, stream=False, **kwargs):
+        if not stream:
+            raise ZonosInputError("the engine refused it:\nsecond line of detail")
+
+        def chunks():
+            for i, chunk in enumerate(real(prefix, stream=True, **kwargs)):
+                if i == 2:
+                    sizes.extend(p.stat().st_size for p in tmp_path.glob(".out.wav.*.part"))
+                    raise RuntimeError("the GPU fell off the bus")
+                yield chunk
+
+        return chunks()
+
+    monkeypatch.setattr(loaded, "generate", failing)
+    out = tmp_path / "out.wav"
+    out.write_bytes(b"the previous take")
+    with pytest.raises(RuntimeError, match="fell off"):
+        run(["speak", TEXT, *common, "--out", str(out), "--stream", "--chunk-frames", "1"], capsys)
+    capsys.readouterr()
+    assert len(sizes) == 1 and sizes[0] > 44  # the stream was being written progressively into a temp file
+    assert out.read_bytes() == b"the previous take" and [p.name for p in tmp_path.iterdir()] == ["out.wav"]
+    # An input error raised after loading: one line, status 2, and again nothing written.
+    code, _, err = run(["speak", TEXT, *common, "--out", str(out)], capsys)
+    assert code == 2 and one_line_error(err) == "error: the engine refused it: second line of detail"
+    assert out.read_bytes() == b"the previous take" and [p.name for p in tmp_path.iterdir()] == ["out.wav"]
+
+
+# ------------------------------------------------------------------------------------ voice, bench, demo
+
+
+def test_voice_file_round_trip(common, loads, speaker_model, clip, tmp_path, monkeypatch, capsys, tiny_speaker):
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run(["voice", str(clip), "--device", "cpu"], capsys)
+    assert code == 0, err
+    record = torch.load(tmp_path / "voice.pt", weights_only=True)  # default name: the clip's, with .pt
+    assert record["format"] == cli.VOICE_FORMAT and record["clip"] == "voice.wav"
+    from zonos.audio import load_audio
+
+    assert torch.equal(record["embedding"], tiny_speaker.embed(*load_audio(clip)))
+    assert speaker_model == [cli.DEFAULT_SPEAKER_MODEL]
+
+    outs = {}
+    for name, flags in (("voice", ["--voice", "voice.pt"]), ("clip", ["--speaker-audio", str(clip)]), ("none", [])):
+        code, _, err = run(["speak", TEXT, *common, "--out", f"{name}.wav", *flags], capsys)
+        assert code == 0, err
+        outs[name] = read(tmp_path / f"{name}.wav")[0]
+    assert np.array_equal(outs["voice"], outs["clip"])  # the saved voice is the clip's voice
+    assert not np.array_equal(outs["voice"], outs["none"])
+
+
+def test_bench_prints_a_table(common, loads, capsys):
+    code, data, err = run(["bench", *common, "--runs", "2", "--chunk-frames", "4"], capsys)
+    assert code == 0, err
+    table = data.decode()
+    rows = {}
+    for line in table.splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if len(cells) == 4 and cells[1].replace(".", "").isdigit():
+            rows[cells[0]] = [float(c) for c in cells[1:]]
+    assert set(rows) == {
+        "time to first audio (ms)",
+        "real-time factor, streamed (x)",
+        "real-time factor, one-shot (x)",
+        "decode step (ms)",
+        "conditioning (ms)",
+    }, table
+    for label, (median, low, high) in rows.items():
+        assert 0 < low <= median <= high, label
+    assert "on cpu" in table and "cute_gemv=off" in table
+
+
+def test_demo_passes_its_arguments_through(monkeypatch):
+    seen = []
+    demo = types.SimpleNamespace(main=lambda argv: seen.append(argv) or 0)
+    monkeypatch.setitem(sys.modules, "gradio_interface", demo)  # the real one is tested in its own file
+    assert cli.main(["demo", "--port", "7861", "--no-preload"]) == 0
+    assert seen == [["--port", "7861", "--no-preload"]]
+
+
+# ------------------------------------------------------------------------------------------ bad input
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory, clip):
+    d = tmp_path_factory.mktemp("files")
+    (d / "empty.txt").write_text("  \n", encoding="utf-8")
+    (d / "latin1.txt").write_bytes("caf\xe9".encode("latin-1"))
+    (d / "junk.pt").write_bytes(b"\x00not a torch file")
+    torch.save({"embedding": torch.zeros(128)}, d / "nomarker.pt")
+    torch.save(torch.randn(64), d / "short.pt")
+    torch.save({"format": cli.VOICE_FORMAT, "version": 1, "embedding": torch.full((128,), float("nan"))}, d / "nan.pt")
+    sf.write(d / "tiny.wav", np.zeros(800, dtype=np.float32), 16000)
+    (d / "notaudio.wav").write_bytes(b"\x00" * 100)
+    (d / "nomodel").mkdir()
+    return d
+
+
+SPEAK_CASES = [
+    ([], "no text: give it as an argument"),
+    (["  "], "the text is empty"),
+    ([TEXT, "--text", "again"], "the text is given twice (TEXT and --text)"),
+    (["-f", "{d}/missing.txt"], "-f {d}/missing.txt: no such file"),
+    (["-f", "{d}/empty.txt"], "-f {d}/empty.txt is empty"),
+    (["-f", "{d}/latin1.txt"], "cannot read it as UTF-8 text"),
+    ([TEXT, "--language", "english"], "--language: "),
+    ([TEXT, "--out", "x.mp3"], "unknown audio format '.mp3'; name it .wav, .flac or .ogg"),
+    ([TEXT, "--out", "{d}/no/such/dir/x.wav"], "the directory {d}/no/such/dir does not exist"),
+    ([TEXT, "--out", "{d}"], "is a directory; give a file name"),
+    ([TEXT, "--out", "x.flac", "--sample-format", "float"], "FLAC stores integer samples"),
+    ([TEXT, "--out", "x.ogg", "--sample-format", "pcm16"], ".ogg is Vorbis, which has no sample format"),
+    ([TEXT, "--sample-format", "double"], "argument --sample-format: invalid choice"),
+    ([TEXT, "--chunk-frames", "4"], "--chunk-frames applies only to streaming: add --stream"),
+    ([TEXT, "--stream", "--first-chunk-frames", "0"], "--first-chunk-frames must be at least 1"),
+    ([TEXT, "--max-new-tokens", "0"], "--max-new-tokens must be at least 1"),
+    ([TEXT, "--max-new-tokens", "5000"], "--max-new-tokens 5000: the model has 4096 positions"),
+    ([TEXT, "--max-segment-chars", "0"], "--max-segment-chars must be at least 1"),
+    ([TEXT, "--cfg-scale", "0"], "--cfg-scale must be a positive number"),
+    ([TEXT, "--seed", "-1"], "--seed must be a non-negative integer"),
+    ([TEXT, "--top-p", "2"], "sampling: top_p"),
+    ([TEXT, "--min-p", "nan"], "--min-p must be a finite number"),
+    ([TEXT, "--top-k", "1.5"], "argument --top-k: invalid int value"),
+    ([TEXT, "--pitch-std", "1000"], "--pitch-std must lie in 0..400"),
+    ([TEXT, "--emotion", *["0"] * 8], "--emotion takes 8 non-negative weights, not all zero"),
+    ([TEXT, "--emotion", "1", "2"], "argument --emotion: expected 8 arguments"),
+    ([TEXT, "--unconditional", "mood"], "--unconditional mood: unknown key"),
+    ([TEXT, "--voice", "{d}/a.pt", "--speaker-audio", "{clip}"], "give either --voice or --speaker-audio, not both"),
+    ([TEXT, "--voice", "{d}/missing.pt"], "--voice {d}/missing.pt: no such file"),
+    ([TEXT, "--voice", "{clip}"], "is an audio clip, not a voice file; pass it as --speaker-audio"),
+    ([TEXT, "--voice", "{d}/junk.pt"], "not a voice file from `zonos-tts voice`"),
+    ([TEXT, "--voice", "{d}/nomarker.pt"], "a dict without the 'zonos-voice' marker"),
+    ([TEXT, "--voice", "{d}/short.pt"], "holds no 128-value speaker embedding"),
+    ([TEXT, "--voice", "{d}/nan.pt"], "the embedding has NaN or infinite values"),
+    ([TEXT, "--speaker-audio", "{d}/tiny.wav"], "0.05 s is too short"),
+    ([TEXT, "--speaker-audio", "{d}/notaudio.wav"], "not a readable audio file"),
+    ([TEXT, "--model", "{d}/missing"], "--model {d}/missing: no such directory, and not a Hugging Face repo id"),
+    ([TEXT, "--model", "{d}/nomodel"], "the directory has no config.json or model.safetensors"),
+    ([TEXT, "--codec", "not a repo"], "--codec not a repo: no such directory"),
+    ([TEXT, "--device", "nonsense"], "--device nonsense:"),
+    ([TEXT, "--device", "cpu", "--cute-gemv"], "--cute-gemv runs CUDA kernels"),
+    ([TEXT, "--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+]
+
+
+def _fill(argv, d, clip):
+    return [a.format(d=d, clip=clip) for a in argv]
+
+
+@pytest.mark.parametrize("argv,message", SPEAK_CASES, ids=[m[:40] for _, m in SPEAK_CASES])
+def test_bad_speak_input_is_one_line_before_loading(argv, message, files, clip, no_load, tmp_path, capsys):
+    argv = ["speak", *_fill(argv, files, clip), "--no-progress"]
+    if "--device" not in argv:
+        argv += ["--device", "cpu"]
+    if "--out" not in argv:
+        argv += ["--out", str(tmp_path / "x.wav")]
+    code, _, err = run(argv, capsys)
+    assert code == 2
+    assert message.format(d=files, clip=clip) in one_line_error(err)
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize(
     "argv,message",
     [
-        (["--text", "  "], "--text is empty"),
-        (["--language", "english"], "--language: unsupported language 'english'"),
-        (["--chunk-frames", "4"], "--chunk-frames applies only to streaming: add --stream"),
-        (["--stream", "--first-chunk-frames", "0"], "--first-chunk-frames must be at least 1"),
-        (["--max-new-tokens", "0"], "--max-new-tokens must be at least 1"),
-        (["--speaker-embedding", "a.pt", "--speaker-audio", "a.wav"], "not both"),
-        (["--device", "cpu", "--cute-gemv"], "drop --cute-gemv, or run on a GPU"),
-        (["--device", "nonsense"], "--device:"),
+        (["voice", "{d}/missing.wav"], "CLIP {d}/missing.wav: no such file"),
+        (["voice", "{d}/tiny.wav"], "too short"),
+        (["voice", "{clip}", "--out", "{d}/v.wav"], "would overwrite audio with a voice file; name it .pt"),
+        (["voice", "{clip}", "--out", "{d}/none/v.pt"], "the directory {d}/none does not exist"),
+        (["voice", "{clip}", "--speaker-model", "{d}/nomodel"], "the directory has no ResNet293_SimAM_ASP_base.pt"),
+        (["voice", "{clip}", "--device", "nonsense"], "--device nonsense:"),
+        (["bench", "--runs", "0", "--device", "cpu"], "--runs must be at least 1"),
+        (["bench", "--text", " ", "--device", "cpu"], "--text is empty"),
+        (["bench", "--language", "xx", "--device", "cpu"], "--language: "),
+        (["bench", "--device", "cpu", "--cute-gemv"], "--cute-gemv runs CUDA kernels"),
+        (["bench", "--model", "{d}/missing"], "no such directory"),
+        (["transcribe"], "argument COMMAND: invalid choice: 'transcribe'"),
+        ([], "the following arguments are required: COMMAND"),
     ],
 )
-def test_bad_arguments_stop_before_loading_with_what_to_do(argv, message, capsys):
-    with pytest.raises(SystemExit) as exit_:
-        sample.parse_args(argv)
-    assert exit_.value.code == 2 and message in capsys.readouterr().err
+def test_bad_input_to_other_commands_is_one_line_before_loading(argv, message, files, clip, no_load, capsys):
+    code, _, err = run(_fill(argv, files, clip), capsys)
+    assert code == 2
+    assert message.format(d=files, clip=clip) in one_line_error(err)
 
 
-def test_cuda_device_without_cuda_is_refused(monkeypatch, capsys):
+def test_stdout_that_is_a_terminal_is_refused(no_load, monkeypatch, capsys):
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    monkeypatch.setattr(sys, "stdout", Terminal())
+    assert cli.main(["speak", TEXT, "--out", "-"]) == 2
+    assert "standard output is a terminal" in one_line_error(capsys.readouterr().err)
+
+
+def test_cuda_without_cuda_is_refused(no_load, monkeypatch, capsys):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    with pytest.raises(SystemExit):
-        sample.parse_args(["--device", "cuda"])
-    assert "torch sees no CUDA device here; use --device cpu" in capsys.readouterr().err
+    code, _, err = run(["speak", TEXT, "--device", "cuda"], capsys)
+    assert code == 2 and "torch sees no CUDA device here; use --device cpu" in one_line_error(err)
 
 
-def test_a_missing_model_directory_is_an_error_message_not_a_traceback(tmp_path, capsys):
-    code = sample.main(["--model", str(tmp_path / "missing"), "--codec", str(tmp_path / "missing"), "--device", "cpu"])
-    assert code == 2 and "does not exist: pass a local directory" in capsys.readouterr().err
+def test_help_on_every_command_and_flag(capsys):
+    for command in ("speak", "voice", "bench"):
+        code, data, _ = run([command, "--help"], capsys)
+        assert code == 0
+        parser = {"speak": cli._speak_parser, "voice": cli._voice_parser, "bench": cli._bench_parser}[command]
+        parser = parser("p", "x.wav") if command == "speak" else parser("p")
+        for action in parser._actions:
+            assert action.help, f"{command} {action.option_strings or action.dest} has no help"
+    code, data, _ = run(["--help"], capsys)
+    assert code == 0 and all(c in data.decode() for c in ("speak", "voice", "bench", "demo"))
+
+
+def test_console_script_and_version():
+    tomllib = pytest.importorskip("tomllib")
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    module, _, name = project["project"]["scripts"]["zonos-tts"].partition(":")
+    assert (module, name) == ("zonos.cli", "main") and callable(getattr(cli, name))
+    assert project["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "zonos.__version__"}
+    import zonos
+
+    assert re.fullmatch(r"\d+\.\d+\.\d+\S*", zonos.__version__)
+    result = subprocess.run(
+        [sys.executable, "-c", "import sys, zonos; print(zonos.__version__, 'torch' in sys.modules)"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    assert result.stdout.split() == [zonos.__version__, "False"]  # `import zonos` stays light
+    result = subprocess.run([sys.executable, "-m", "zonos", "--version"], capture_output=True, text=True, cwd=ROOT)
+    assert result.returncode == 0 and result.stdout.strip() == f"zonos-tts {zonos.__version__}"

@@ -2,7 +2,7 @@
 for a 16-bit stream equal to the one-shot decode bit for bit: every streamed sample is the same conv sum over
 the same inputs as in the one-shot decode (zonos/codec/streaming.py), but the backend (cuDNN, oneDNN) picks
 its algorithm, and so its summation order, by shape.  This measures torch's convs (cuDNN on the H200: most
-16-bit convs there are length-dependent, docs/BENCHMARKS.md, session 4), the reason the decoder's convs became
+16-bit convs there are length-dependent, docs/BENCHMARKS.md, conv exactness), the reason the decoder's convs became
 ops with kernels of our own (zonos_accel/triton/vocoder.py, tested for this property in
 tests/test_vocoder_ops.py).
 

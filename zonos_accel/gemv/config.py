@@ -103,10 +103,10 @@ class FmaConfig(_Grid):
     hoist_loads: bool = True
     # fma_config turns it on unless told otherwise (TUNED does, where plain loads were faster). With the (4, 2)
     # tile at M = 2 it was faster on 6 of the 7 Zonos shapes (in_proj 10.25 vs 10.72 µs, qkv 4.61 vs 5.38); H200,
-    # benchmarks/gemv.py, 2026-11-30.
+    # docs/BENCHMARKS.md, decisions: stream_loads.
     stream_loads: bool = False
     # On by default: the whole-step projections at M = 2 take 0.899 ms with it against 1.045 ms without
-    # (cuBLAS 1.245 ms); H200, benchmarks/gemv.py, 2026-11-30.
+    # (cuBLAS 1.245 ms); H200, docs/BENCHMARKS.md, decisions: FmaConfig.pdl.
     pdl: bool = True
     min_ctas: int = 0
 
@@ -197,8 +197,8 @@ MIN_WARPS_PER_CTA = 4
 MAX_WARPS_K = 4
 MIN_CTAS = 2 * NUM_SMS  # fewer row blocks than this: split K across CTAs
 # The largest M routed to the kernels (prefill stays on cuBLAS): at M = 8 the tensor-core kernel beats cuBLAS on
-# every Zonos shape (1.05-1.45x), at M = 16 (past its 8 columns) the FMA kernel loses (in_proj 0.35x); H200,
-# benchmarks/gemv.py, 2026-11-30. Decode runs M = 2 (batch 1 with CFG), batch 4 with CFG M = 8.
+# every Zonos shape (1.04-1.46x), at M = 16 (past its 8 columns) the FMA kernel loses (in_proj 0.38x); H200,
+# docs/BENCHMARKS.md, decisions: MAX_ROWS. Decode runs M = 2 (batch 1 with CFG), batch 4 with CFG M = 8.
 MAX_ROWS = MMA_COLS
 
 
@@ -209,12 +209,13 @@ def lane_tile(m: int) -> tuple[int, int]:
 
 
 # Pinned splits (M, N, K) → ("fma", vecs, rows, stream_loads[, max_warps_k]) or ("mma", tiles, ksteps, warps_k, half,
-# split_k): the fastest split in `benchmarks/gemv.py --sweep fma|mma|warps --sweep-m 1,2,4` (H200, 2026-11-30; µs per
-# call, cold weights, graph replay; cuBLAS in brackets). M = 2 is the decode step (batch 1 with CFG); M = 1 and 4
-# are batch 1 without CFG and batch 2 with it. The tensor-core kernel wins where the FMA kernel's arithmetic
-# shows (M = 4, many rows); the FMA kernel's 512-byte row runs win where it does not. Streaming loads help the
-# K = 2048 shapes with many rows and hurt the (2, 4) tile at K ≥ 4096 at M = 2 (out_proj 6.78 vs 5.14 µs). Capping
-# the warps along K (fewer, longer-running CTAs) won at qkv and at fc1 M = 2 in two runs of session 11.
+# split_k): the fastest split in `benchmarks/gemv.py --sweep fma|mma|warps --sweep-m 1,2,4` (H200; µs per call, cold
+# weights, graph replay; cuBLAS in brackets; docs/BENCHMARKS.md, decisions: TUNED). M = 2 is the decode step (batch 1
+# with CFG); M = 1 and 4 are batch 1 without CFG and batch 2 with it. The tensor-core kernel wins where the FMA
+# kernel's arithmetic shows (M = 4, many rows); the FMA kernel's 512-byte row runs win where it does not. Streaming
+# loads help the K = 2048 shapes with many rows and hurt the (2, 4) tile at K ≥ 4096 at M = 2 (out_proj 6.78 vs
+# 5.14 µs). Capping the warps along K (fewer, longer-running CTAs; the fifth field) won at qkv and at fc1 M = 2
+# (`--sweep warps`).
 TUNED: dict[tuple[int, int, int], tuple] = {
     (1, 8512, 2048): ("fma", 1, 8, False),  # Mamba2 in_proj: 8.83 (11.36)
     (1, 2048, 4096): ("fma", 2, 4, False),  # Mamba2 out_proj: 5.06 (9.40)
@@ -360,7 +361,7 @@ def occupancy_candidates(m: int, n: int, k: int) -> list[GemvConfig]:
     8-row lane tile, each as compiled and with 4-8 CTAs per SM imposed (``min_ctas``): fewer registers, possibly
     spilling, for fewer waves. On the H200 it brought the FMA split at in_proj M = 2 from 10.68 to 10.09 µs (104 →
     96 registers, 2.02 → 1.61 waves), level with the tuned tensor-core split, and no tuned split gained more than
-    2% (docs/BENCHMARKS.md, session 10)."""
+    2% (docs/BENCHMARKS.md, decisions: min_ctas)."""
     out = []
     for base in (gemv_config(m, n, k), fma_config(m, n, k, vecs=1, rows=8, stream_loads=False)):
         out += [replace(base, min_ctas=c) for c in (0, 4, 5, 6, 7, 8)]

@@ -36,7 +36,7 @@ def _keep_autotuning_on_disk() -> None:
     """Store the autotuning results of mamba_ssm's kernels in Triton's on-disk cache, beside the compiled
     kernels (what TRITON_CACHE_AUTOTUNING=1 does for every kernel). Without it each new process benchmarks the
     SSD scan's configs again in its first prefill: 6.5 s of a warm process's first request on the H200
-    (benchmarks/first_request.py, 2026-11-30)."""
+    (benchmarks/first_request.py; docs/BENCHMARKS.md, first request)."""
     for tuner in mamba_autotuners():
         tuner.cache_results = True
 

@@ -33,7 +33,7 @@ channels shifted along the samples by the tap (the boxes' zeros outside the inpu
 gather nor an unfolded copy is needed, and a stream window hands the conv its channels-last copy (one value per
 sample, not 8 unfolded taps).  The sum is one chain, tap by tap, whatever the call's length, so streamed and one-shot
 calls of a layer still agree bit for bit.  On the H200 the one-shot decode went from 0.029 to 0.021 ms per frame
-(cuDNN: 0.031), and streamed pushes cost what they did (docs/BENCHMARKS.md, session 17).
+(cuDNN: 0.031), and streamed pushes cost what they did (docs/BENCHMARKS.md, decisions: TAP_MAJOR_CHANNELS).
 
 Snake stays a launch of its own (:mod:`.snake`): applied as a conv loaded its input, it was recomputed for
 every tap and channel tile, which made these kernels 5x slower than cuDNN one-shot (H200).
@@ -57,15 +57,66 @@ from zonos.utils import tensor_version
 from zonos_accel.triton.snake import snake_fp32
 
 _TL_DTYPES = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
-# Reduction elements (input channels × padded taps) per slice, one loop step of a program: of a call with many
-# output tiles, and of one with few (a streaming push's layers).  Slices of any size chain the same 16-deep products
-# in the same order, so the size changes the time, not the sums (a GPU test checks it).  Long calls spill registers
-# with larger slices (one-shot 0.34 ms/frame at 128 for every call, against 0.038 at 64); the few programs of a
-# short call run fewer, longer steps (2-frame pushes 0.197 ms/frame at 128 against 0.213 at 64; H200,
-# benchmarks/vocoder_profile.py --sweep slices).
+
+# Tuning constants, in one place.  Each line gives the H200 measurement that chose the value; docs/BENCHMARKS.md,
+# decisions, has the command and the alternatives of each.  Tiles, slices, stages, splits and DENSE_BYTES change the
+# time, not the samples (the GPU tests check it bit for bit); GROUP_REDUCE and TAP_MAJOR_CHANNELS fix a layer's
+# summation order, the same for its streamed and one-shot calls.
+#
+# Reduction elements (input channels × padded taps) per slice, one loop step of a program, in a call with many
+# output tiles and in one with few (a streaming push's layers).  Slices of any size chain the same 16-deep products
+# in the same order.  128 for every call spilled on long calls (one-shot 0.339 against 0.038 ms/frame at 64); the
+# few programs of a short call gain from fewer steps (2-frame pushes 0.177 against 0.189 ms/frame at 64).
 REDUCE = 64
 SHORT_REDUCE = 128
-GROUP_REDUCE = 1024  # reduction elements per group (a split-K program's share); each group's sum starts from zero
+# Reduction elements per group (a split-K program's share); each group's sum starts from zero.  512 and 1024 tie
+# from 2-frame pushes on (0.456 vs 0.462 ms/frame); no split: 0.725.
+GROUP_REDUCE = 1024
+# Output tiles (BLOCK_CO, BLOCK_T) of long calls, largest first.  With 16 or 32 channels they run mma.sync m16n8k16,
+# so each output is the same chain of 16-deep products whatever the tile.  32 x 64: one-shot 0.039 ms/frame (16 x 64:
+# 0.048).
+TILES = ((32, 64), (32, 32))
+# The tiles of calls with fewer output tiles than that (a streaming push's layers; see :func:`_blocks`): 16 samples
+# wide took conv1 and block 1's upsample at 2-frame pushes from 16.3 and 31.0 to 10.4 and 14.2 us.
+SHORT_TILES = ((32, 16), (16, 16), (32, 32), (16, 32))
+# Tiles of 64 channels for plain convs of 64 channels or more, widest first: a 32-channel tile re-reads a layer's
+# unfolded input from L2 once per 32 channels (block 2's k7 conv at 8 frames: 75 MB in 14 us).  They run wgmma on
+# sm_90, whose sums the GPU tests find bit for bit those of mma.sync.  Block 2's k7 conv 14.3 -> 10.6 us at 8-frame
+# pushes, 22.5 -> 15.3 at 16; one-shot convs 30.3 -> 22.8 us per frame.  The transposed convs keep 32 channels.
+WIDE_TILES = ((64, 64), (64, 32), (64, 16))
+# A call takes the widest of the first two WIDE_TILES that makes this many programs per SM (split groups counted),
+# else the widest of the last two that makes one per SM, else the tiles above: within 3% of the best tile per layer
+# at 8- and 16-frame pushes.
+WIDE_PROGRAMS_PER_SM = 1.5
+# A call splits its reduction groups over programs while it has fewer output tiles than this many per SM: below 4
+# against below 1, a 2-frame push's convs 193 against 201 us; block 1's k7 convs at 16 frames 25.6 -> 20.1 us.
+SPLIT_TILES_PER_SM = 4
+# Rows of a transposed conv's program: output channels × the phases it computes together (all of them where the
+# stride is a power of two, so that its stores are contiguous rows and each input slice serves every phase).  64:
+# the upsampling layers of 2 / 8 / 16-frame pushes 30 / 34 / 39 us (one phase per program: 33 / 54 / 78), one-shot
+# 1.2 us per frame (3.4); 32 rows lost at 8 and 16 frames and one-shot, 128 rows at every push size.
+TRANSPOSED_ROWS = 64
+# A call whose unfolded input (:func:`_unfold`) takes at most this many bytes runs on dense operands; a longer one
+# gathers its inputs in the kernel (unfolded, a long decode's last layers would take gigabytes).  Dense k7 convs:
+# 1.3-2.7x faster at push sizes.
+DENSE_BYTES = 32 << 20
+# Slices in flight in a dense call's reduction (0: one ahead, as the gather): 4 stages 0.137 ms/frame at 2-frame
+# pushes, 6 0.139, 8 0.145 (fewer programs per SM), gathering 0.218.
+DENSE_STAGES = 4
+# Convs of kernel > 1 over at most this many input channels (a multiple of 32) run tap-major (:func:`_conv_taps`)
+# where TMA exists (sm_90 on): blocks 3-4's k7 convs and the DAC's last conv; their stream windows hand on a
+# channels-last copy (one value per sample) instead of 8 unfolded taps.  Block 3's k7 conv with its window 15.9 ->
+# 12.2 us at 8-frame pushes, 24.0 -> 14.6 at 16; block 2's (384 channels) 14.1 -> 15.9 at 8, and in the whole decoder
+# 384 cost 3-10% more at 2-8-frame pushes; 768 was slower at every size.  One-shot 0.029 -> 0.021 ms/frame.
+TAP_MAJOR_CHANNELS = 192
+TAP_MAJOR_STAGES = 4  # TMA boxes in flight (not swept)
+# Programs of a window launch (:func:`sequence_tail`), (most samples, elements, warps) each.  Writing a channels-last
+# copy: 32 samples x 16 channels on 2 warps took 3.4-7.2 us, the best of 9 shapes (64 x 64 elements: 11-14 us).
+CHANNELS_LAST_TILE = (32, 512, 2)
+# A window alone, and a window that also writes the next conv's unfolded taps: of 60 shapes (128-2048 samples x 1-8
+# channels, 2-8 warps) none was more than 7% faster; both launches take what copying their bytes takes.
+WINDOW_TILE = (1024, 2048, 4)
+UNFOLD_WINDOW_TILE = (256, 256, 4)
 
 
 @triton.jit
@@ -454,27 +505,6 @@ def _check(x: torch.Tensor, history: torch.Tensor | None, c_in: int, what: str) 
     return history
 
 
-# Output tiles (BLOCK_CO, BLOCK_T) of long calls, largest first.  With 16 or 32 channels they run mma.sync
-# m16n8k16; each output is the same chain of 16-deep products in the same order whatever the tile.
-TILES = ((32, 64), (32, 32))
-# The tiles of calls with fewer output tiles than that (a streaming push's layers); see :func:`_blocks`.
-SHORT_TILES = ((32, 16), (16, 16), (32, 32), (16, 32))
-# Tiles of 64 channels for plain convs of 64 channels or more, long or short, widest first: a 32-channel tile
-# re-reads a layer's unfolded input from L2 once per 32 channels, which bound the k7 convs of 8-16-frame pushes
-# (block 2's: 75 MB in 14 us at 8 frames).  They run wgmma on sm_90, whose sums the GPU tests find bit for bit
-# those of mma.sync (so stream and one-shot stay equal whatever tiles they pick).  Per layer on the H200 (sweep of
-# session 15, docs/BENCHMARKS.md): the k7 convs of blocks 2-3 took 14 -> 11 us at 8-frame pushes and 22 -> 15 at
-# 16, the one-shot convs 30 -> 23 us per frame; the transposed convs gained at some sizes and lost at others, so
-# they keep the 32-channel tiles.
-WIDE_TILES = ((64, 64), (64, 32), (64, 16))
-# A call takes the widest of the first two WIDE_TILES that makes this many programs per SM (split groups
-# counted), else the widest of the last two that makes one per SM, else the tiles above.
-WIDE_PROGRAMS_PER_SM = 1.5
-# A call splits its reduction groups over programs while it has fewer output tiles than this many per SM (more
-# programs than 1 per SM paid off up to 4: H200, docs/BENCHMARKS.md, session 12).
-SPLIT_TILES_PER_SM = 4
-
-
 def _wide(c_out: int, c_in: int, taps: int, n_out: int, batch: int, sm: int) -> tuple[int, int, int] | None:
     """(BLOCK_CO, BLOCK_T, programs) of a plain conv's 64-channel tile (:data:`WIDE_TILES`), or None to use
     :data:`TILES` / :data:`SHORT_TILES`.  No tile wider than the call (a 2-frame push's 2 columns take 16)."""
@@ -525,13 +555,6 @@ def _blocks(
     groups = c_in * slice_taps > GROUP_REDUCE
     block_co = 32 if groups and (block_t == 16 or phases == 1) else 16
     return block_co, max(1, reduce // slice_taps), block_t, 4
-
-
-# Rows of a transposed conv's program: output channels × the phases it computes together (all of them where the
-# stride is a power of two, so that its stores are contiguous rows and each input slice serves every phase).
-# 64 against 32 and 128 on the H200: the upsampling layers of 2 / 8 / 16-frame pushes 30 / 34 / 39 us (one phase
-# per program: 33 / 54 / 78), one-shot 1.2 us per frame (3.4); session 16, docs/BENCHMARKS.md.
-TRANSPOSED_ROWS = 64
 
 
 def _transposed_blocks(
@@ -596,13 +619,6 @@ def _bias_args(bias: torch.Tensor | None, like: torch.Tensor) -> tuple[torch.Ten
     return (like, 0) if bias is None else (bias, bias.stride(0))
 
 
-# A call whose unfolded input (:func:`_unfold`) takes at most this many bytes runs on dense operands; a longer one
-# gathers its inputs in the kernel (unfolded, a long decode's last layers would take gigabytes).  Both load the
-# same numbers into the same dot products, so the choice changes the time, not the samples.
-DENSE_BYTES = 32 << 20
-DENSE_STAGES = 4  # slices in flight in a dense call's reduction (0: one ahead, as the gather; 4: best of 0-4 measured)
-
-
 def _dense(batch: int, rows: int, n: int, dtype: torch.dtype) -> bool:
     return batch * rows * _padded(n) * dtype.itemsize <= DENSE_BYTES
 
@@ -613,20 +629,6 @@ def _padded(n: int) -> int:
     specialize on: only then are a row's loads 16-byte asynchronous copies rather than 2-byte loads (at a 2-frame
     push's first two layers, 2 and 8 columns wide, they were 2-byte loads; sm_90a PTX)."""
     return -(-n // 16) * 16
-
-
-# Convs of kernel > 1 over at most this many input channels (a multiple of 32) run tap-major (:func:`_conv_taps`) where
-# TMA exists (sm_90 on): blocks 3-4's k7 convs and the DAC's last conv.  Their stream windows then hand on a
-# channels-last copy (one value per sample) instead of 8 unfolded taps.  H200, session 17 (docs/BENCHMARKS.md): block
-# 3's k7 conv with its window 15.9 -> 12.2 us at 8-frame pushes, 24.0 -> 14.6 at 16; block 2's (384 channels) lost at
-# 8 frames (14.1 -> 15.9), so it keeps the dense path.  In the whole decoder (session 18), 384 cost 3-10% more at
-# 2-8-frame pushes and the same at 16; 768 was slower at every push size.
-TAP_MAJOR_CHANNELS = 192
-TAP_MAJOR_STAGES = 4  # TMA boxes in flight
-# A window launch writing a channels-last copy: (most samples, elements, warps) per program.  Small programs: at 64 x
-# 64 elements the launch took 11-14 us where the window alone takes 2.5-4 (H200, session 17; 32 samples x 16 channels
-# on 2 warps: 3.4-7.2 us, the best of 9 shapes at blocks 3-4's windows of 2-16-frame pushes).
-CHANNELS_LAST_TILE = (32, 512, 2)
 
 
 @functools.cache
@@ -993,7 +995,7 @@ def sequence_tail(
         cols = out
     # Programs of a few thousand stores each (the taps' copies of a sample count too), square where the copy is
     # channels-last (its runs go along the channels, the window's along the samples).
-    widest, stores, warps = CHANNELS_LAST_TILE if channels_last else (1024, 2048, 4) if cols is out else (256, 256, 4)
+    widest, stores, warps = CHANNELS_LAST_TILE if channels_last else WINDOW_TILE if cols is out else UNFOLD_WINDOW_TILE
     block_x = max(block_h, min(widest, triton.next_power_of_2(length - n_h)))  # >= n_h, n_hr
     block_c = max(1, min(triton.next_power_of_2(channels), stores // block_x))
     grid = (triton.cdiv(channels, block_c), max(1, triton.cdiv(length - n_h, block_x)), batch)

@@ -24,10 +24,15 @@ import triton.language as tl
 from zonos_accel.triton import pdl
 from zonos_accel.triton.pdl import enter
 
-# Decode tiling, chosen with benchmarks/decode_attention.py (H200, 2026-11-30; see docs/BENCHMARKS.md).
+# Tiling of both kernels, in one place (H200; docs/BENCHMARKS.md, decisions: CHUNK).  Decode, swept with
+# benchmarks/decode_attention.py: 128-row splits take 5.7 / 6.2 / 8.7 us at positions 226 / 1000 / 2700, close to
+# the best of 64, 128 and 256 at each (SDPA over the masked cache: 17-18 us); 32-row loop steps 6.7 / 7.1 / 10.4.
 CHUNK = 128  # cache rows per split: programs past the position store nothing and exit
 BLOCK_S = 64  # cache rows per loop iteration (tensor-core products of a 16-row query tile)
 SPLIT_WARPS = 4  # warps per split program
+# Prefill runs a few times per request, so fixed tiles rather than autotuning (not swept).
+PREFILL_BLOCK_N = 64  # key rows per loop iteration
+PREFILL_MAX_BLOCK_M = 64  # query tokens per program (fewer for short pieces, at least a 16-row tile)
 
 
 @triton.jit
@@ -201,11 +206,6 @@ def decode_attention(
         **pdl.options(q.device),
     )
     return out
-
-
-# Prefill runs a few times per request, so fixed tiles rather than autotuning.
-PREFILL_BLOCK_N = 64  # key rows per loop iteration
-PREFILL_MAX_BLOCK_M = 64  # query tokens per program (fewer for short pieces, at least a 16-row tile)
 
 
 @triton.jit

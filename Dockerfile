@@ -1,16 +1,15 @@
-# Zonos streaming web demo on an NVIDIA GPU.
+# Zonos streaming text-to-speech on an NVIDIA GPU: the web demo by default, or any zonos-tts command.
 #
 #   docker build -t zonos-accel .
-#   docker run --rm --gpus all -p 7860:7860 -v ~/.cache/huggingface:/root/.cache/huggingface zonos-accel
-#   open http://localhost:7860
+#   docker run --rm --gpus all -p 7860:7860 -v zonos-cache:/cache zonos-accel        # then open http://localhost:7860
+#   docker run --rm --gpus all -v zonos-cache:/cache zonos-accel zonos-tts speak "Hello from Zonos." --out - > hello.wav
 #
-# Weights are downloaded from the Hugging Face Hub on first start into the mounted cache (a few GB: the
-# hybrid, the DAC codec, and the speaker model once a voice is cloned). Arguments after the image name replace the
-# default command, e.g. `docker run ... zonos-accel python gradio_interface.py --host 0.0.0.0 --model
-# Zyphra/Zonos-v0.1-transformer`.
-# The host needs the NVIDIA Container Toolkit and a driver for CUDA 12.8 (R570 or newer).
+# The volume at /cache keeps the Hugging Face downloads (HF_HOME: a few GB for the model, the DAC codec and,
+# once a voice is cloned, the speaker model) and Triton's compiled kernels between runs. Without a GPU the
+# container stops with a message saying how to pass one (--gpus all); -e ZONOS_ALLOW_CPU=1 runs on the CPU
+# anyway (slowly). The host needs the NVIDIA Container Toolkit and a driver for CUDA 12.8 (R570 or newer).
 
-# Any pytorch/pytorch CUDA 12.x *runtime* tag works (torch >= 2.4); no CUDA code is compiled at build time.
+# A pytorch/pytorch CUDA 12.x *runtime* image: torch 2.9.0 with Triton 3.5.0. No CUDA code is compiled here.
 ARG BASE_IMAGE=pytorch/pytorch:2.9.0-cuda12.8-cudnn9-runtime
 FROM ${BASE_IMAGE}
 
@@ -18,39 +17,57 @@ ENV DEBIAN_FRONTEND=noninteractive \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    GRADIO_ANALYTICS_ENABLED=False
+    GRADIO_ANALYTICS_ENABLED=False \
+    HF_HOME=/cache/huggingface \
+    TRITON_CACHE_DIR=/cache/triton \
+    XDG_CACHE_HOME=/cache
 
-# espeak-ng: text to phonemes (phonemizer); ffmpeg: Gradio encodes the streamed audio for the browser with it;
-# gcc + libc6-dev: Triton compiles a small host-side launcher per kernel at run time (runtime images lack a C
-# compiler, and without one the GPU fast paths fail with "Failed to find C compiler").
+# espeak-ng: text to phonemes (phonemizer); ffmpeg: Gradio's audio conversions; gcc + libc6-dev: Triton compiles a
+# small host-side launcher per kernel at run time (without a C compiler the GPU fast paths fail). Ubuntu drops
+# superseded package versions from its archive, so exact apt pins would break rebuilds: the base image's
+# release pins them instead.
+# hadolint ignore=DL3008
 RUN apt-get update \
     && apt-get install -y --no-install-recommends espeak-ng ffmpeg gcc libc6-dev \
     && rm -rf /var/lib/apt/lists/*
 
-WORKDIR /app
+WORKDIR /opt/zonos
+COPY docker/constraints.txt docker/entrypoint.sh ./
 
-# The package and its dependencies first, so editing the demo script does not redo this layer.
-COPY pyproject.toml README.md ./
+# The package, the demo and their Python dependencies at the versions in constraints.txt, with the `gpu`
+# extra's wheels; torch and Triton stay the base image's (they satisfy torch>=2.4 and triton>=3.4).
+COPY pyproject.toml README.md LICENSE gradio_interface.py ./
 COPY zonos ./zonos
 COPY zonos_accel ./zonos_accel
-# The `gpu` extra without mamba-ssm (installed below, best-effort) plus the `demo` extra. torch comes from
-# the base image and is kept (it already satisfies torch>=2.4; its triton 3.5 has the grid-dependency control
-# our kernels use, which needs triton>=3.4).
-RUN pip install '.[demo]' 'triton>=3.4' 'nvidia-cutlass-dsl>=4.3'
+RUN pip install --constraint constraints.txt '.[demo,gpu]'
 
 # mamba-ssm: only its Triton kernels are used (zonos_accel.triton). Its PyPI release is an sdist whose setup
-# compiles a Mamba-1 CUDA extension we never call, which needs nvcc (absent here): skip that build, and
-# give the package's unconditional `import selective_scan_cuda` a placeholder. If anything here fails the
-# image still works: Zonos falls back to its torch ops on the GPU (slower decode steps, same output).
-RUN pip install packaging wheel ninja \
-    && MAMBA_SKIP_CUDA_BUILD=TRUE MAMBA_FORCE_BUILD=TRUE pip install --no-build-isolation 'mamba-ssm>=2.2' \
+# compiles a Mamba-1 CUDA extension we never call, which needs nvcc (absent here): skip that build, and give
+# the package's unconditional `import selective_scan_cuda` a placeholder. If this fails the image still works:
+# Zonos runs its own kernels and torch ops instead (same output).
+RUN pip install --constraint constraints.txt packaging wheel ninja \
+    && MAMBA_SKIP_CUDA_BUILD=TRUE MAMBA_FORCE_BUILD=TRUE \
+       pip install --constraint constraints.txt --no-build-isolation mamba-ssm \
     && (python -c "import selective_scan_cuda" 2>/dev/null \
         || echo "# placeholder for mamba_ssm's Mamba-1 CUDA extension (unused by Zonos)" \
            > "$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/selective_scan_cuda.py") \
     && python -c "import mamba_ssm.ops.triton.selective_state_update" \
-    || echo "WARNING: mamba-ssm is not usable; Zonos will run its torch ops instead of mamba_ssm's Triton kernels"
+    || echo "WARNING: mamba-ssm is not usable; Zonos will run its own kernels instead of mamba_ssm's"
 
-COPY gradio_interface.py sample.py ./
+# Run as an unprivileged user that owns the cache volume (a named volume starts with this ownership; a bind
+# mount must be writable by uid 1000).
+RUN useradd --create-home --uid 1000 --shell /bin/sh zonos \
+    && mkdir -p /cache/huggingface /cache/triton \
+    && chown -R zonos:zonos /cache
+USER 1000:1000
+WORKDIR /home/zonos
+VOLUME ["/cache"]
 
 EXPOSE 7860
-CMD ["python", "gradio_interface.py", "--host", "0.0.0.0", "--port", "7860"]
+# The demo serves its page once the model is loaded and warmed up (a first start downloads the weights first);
+# the check probes the default command's port.
+HEALTHCHECK --interval=30s --timeout=10s --start-period=20m --retries=3 \
+    CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:7860/', timeout=5)"]
+
+ENTRYPOINT ["/opt/zonos/entrypoint.sh"]
+CMD ["zonos-tts", "demo", "--host", "0.0.0.0", "--port", "7860"]

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from tests.tiny import TINY_DAC, random_dac_weights
+from zonos import audio as audio_module
 from zonos.audio import load_audio, resample, save_audio
 from zonos.codec import (
     DAC,
@@ -22,6 +23,9 @@ from zonos.codec import (
     DACConfig,
     convert_descript_state_dict,
 )
+from zonos.codec import autoencoder as autoencoder_module
+from zonos.codec.autoencoder import encoder_context_frames
+from zonos.errors import CheckpointError, ZonosInputError
 
 DATA = Path(__file__).parent / "data"
 
@@ -228,7 +232,7 @@ def test_decode_rejects_bad_codes(codec):
         codec.decode(torch.full((1, 9, 2), 1024))
     with pytest.raises(ValueError, match="0..1023"):
         codec.decode(torch.full((1, 9, 2), -1))
-    with pytest.raises(TypeError, match="integer"):
+    with pytest.raises(ZonosInputError, match="integer"):
         codec.decode(torch.zeros(1, 9, 2))
     with pytest.raises(ValueError, match=r"\[B, 9, T\]"):
         codec.decode(torch.zeros(9, 2, dtype=torch.long))
@@ -242,7 +246,7 @@ def test_encode_rejects_bad_audio(codec):
         codec.encode(torch.zeros(1, 1024))
     with pytest.raises(ValueError, match="preprocess"):
         codec.encode(torch.zeros(1, 1, 1000))
-    with pytest.raises(TypeError, match="floating"):
+    with pytest.raises(ZonosInputError, match="floating"):
         codec.encode(torch.zeros(1, 1, 1024, dtype=torch.long))
 
 
@@ -435,3 +439,103 @@ def test_codebook_rows_clamps_and_tracks_the_range_when_asked():
     for bad in (torch.zeros(2, dtype=torch.int32), torch.zeros(3, dtype=torch.long), torch.zeros(4).long()[::2]):
         with pytest.raises(ValueError, match="contiguous int64"):
             ops.codebook_rows(codes, tables, 10, bad)
+
+
+# -- input validation and bounded cost ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_non_finite_audio_is_refused(codec, bad):
+    wav = 0.1 * torch.randn(1, 1, 1024)
+    wav[0, 0, 100] = bad
+    with pytest.raises(ZonosInputError, match="NaN or infinite"):
+        codec.preprocess(wav, 44100)
+    with pytest.raises(ZonosInputError, match="NaN or infinite"):
+        codec.encode(wav)
+
+
+@pytest.mark.parametrize("sr", [True, False, 1, 7999, 22050.5, "44100", None, float("nan"), 10**7])
+def test_preprocess_refuses_bad_sample_rates(codec, sr):
+    with pytest.raises(ZonosInputError, match="sample rate"):
+        codec.preprocess(0.1 * torch.randn(1, 1, 1000), sr)
+
+
+def test_preprocess_accepts_numpy_rates_and_rescales_int16_scaled_floats(codec):
+    wav = 0.2 * torch.randn(1, 1, 4000, generator=torch.Generator().manual_seed(0))
+    ref = codec.preprocess(wav, np.int64(16000))
+    with pytest.warns(UserWarning, match="scaled like int16"):
+        scaled = codec.preprocess(wav * 32767, 16000)
+    assert torch.allclose(scaled, ref * (32767 / 32768), atol=1e-6)
+
+
+def test_long_clip_is_encoded_in_windows_equal_to_one_pass(codec, monkeypatch):
+    """The windowed encode gives exactly the one-pass codes, and no encoder call sees more than one window."""
+    context = encoder_context_frames(codec.config)
+    assert context == 9  # 4244 samples of receptive field either side at hop 512
+    frames = 61
+    wav = 0.3 * torch.randn(2, 1, 512 * frames, generator=torch.Generator().manual_seed(3))
+    one_pass = codec.dac.encode(wav)
+    monkeypatch.setattr(autoencoder_module, "ENCODE_CHUNK_FRAMES", 8)
+    seen = []
+    real_encode = codec.dac.encode
+    monkeypatch.setattr(codec.dac, "encode", lambda x: seen.append(x.shape[-1]) or real_encode(x))
+    windowed = codec.encode(wav)
+    assert len(seen) == math.ceil(frames / 8) and max(seen) <= 512 * (8 + 2 * context)
+    assert windowed.shape == one_pass.shape and torch.equal(windowed, one_pass)
+
+
+def test_windows_without_enough_context_would_differ(codec, monkeypatch):
+    """The receptive field is not overstated by much: a window with 2 frames less context changes codes."""
+    wav = 0.3 * torch.randn(1, 1, 512 * 61, generator=torch.Generator().manual_seed(4))
+    one_pass = codec.dac.encode(wav)
+    monkeypatch.setattr(autoencoder_module, "ENCODE_CHUNK_FRAMES", 8)
+    monkeypatch.setattr(autoencoder_module, "encoder_context_frames", lambda config: 1)
+    assert not torch.equal(codec.encode(wav), one_pass)
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int16, torch.int32])
+def test_decode_accepts_codes_of_any_integer_dtype(codec, dtype):
+    hi = 255 if dtype == torch.uint8 else 1023
+    codes = torch.randint(0, hi + 1, (1, 9, 4), generator=torch.Generator().manual_seed(5))
+    codes[0, 0, 0] = hi
+    assert torch.equal(codec.decode(codes.to(dtype)), codec.decode(codes))
+
+
+def test_corrupt_codec_weights_name_the_file(codec, tmp_path):
+    codec.save_pretrained(tmp_path)
+    weights = tmp_path / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    with pytest.raises(CheckpointError, match="download it again") as info:
+        DACAutoencoder.from_local(tmp_path)
+    assert str(weights) in str(info.value)
+    (tmp_path / "config.json").write_text('{"encoder_hidden_size": "64"')
+    with pytest.raises(CheckpointError, match="not valid JSON") as info:
+        DACAutoencoder.from_local(tmp_path)
+    assert "config.json" in str(info.value)
+    (tmp_path / "config.json").write_text('{"encoder_hidden_size": "64"}')
+    with pytest.raises(CheckpointError, match="encoder_hidden_size must be an integer"):
+        DACAutoencoder.from_local(tmp_path)
+
+
+def test_nan_codec_weights_are_refused(tiny_weights):
+    weights = dict(tiny_weights)
+    weights["decoder.conv1.bias"] = torch.full_like(weights["decoder.conv1.bias"], float("nan"))
+    with pytest.raises(CheckpointError, match="NaN or infinite values in 1 tensor.*decoder.conv1.bias"):
+        DACAutoencoder(DACConfig(**TINY), weights)
+
+
+def test_resample_gathers_taps_for_rates_with_a_small_gcd(monkeypatch):
+    """Rates like 44101 Hz would need a 15 GB polyphase bank; the gathered taps give the bank's result."""
+    x = torch.randn(2, 3000, dtype=torch.float64, generator=torch.Generator().manual_seed(6))
+    for orig, new in [(44100, 16000), (16000, 44100), (48000, 16000), (8000, 44100)]:
+        bank = resample(x, orig, new)
+        monkeypatch.setattr(audio_module, "_MAX_BANK", 0)
+        gathered = resample(x, orig, new)
+        monkeypatch.undo()
+        assert gathered.shape == bank.shape and torch.allclose(gathered, bank, atol=1e-12, rtol=0)
+    t = torch.arange(44101 * 2, dtype=torch.float64) / 44101
+    sine = torch.sin(2 * math.pi * 440 * t)
+    out = resample(sine, 44101, 44100)  # would allocate 15 GB as a bank
+    ref = torch.sin(2 * math.pi * 440 * torch.arange(out.shape[-1], dtype=torch.float64) / 44100)
+    assert out.shape[-1] == math.ceil(len(sine) * 44100 / 44101)
+    assert (out[200:-200] - ref[200:-200]).abs().max() < 1e-3

@@ -43,6 +43,7 @@ from zonos.conditioning import (  # noqa: E402
 )
 from zonos.conditioning import phonemes as phonemes_module  # noqa: E402
 from zonos.config import PrefixConditionerConfig, ZonosConfig  # noqa: E402
+from zonos.errors import ZonosInputError  # noqa: E402
 
 GOLDEN_PATH = Path(__file__).parent / "data" / "phoneme_golden.json"
 DATA = Path(__file__).parent / "data"  # copies of the shared reference facts, so a fresh clone is self-contained
@@ -438,6 +439,128 @@ def test_phonemize_batch_errors() -> None:
         phonemize_text(["a", "b"], ["en-us", "de", "fr-fr"])
     with pytest.raises(ValueError, match="lists of strings"):
         phonemize_text("Hello", "en-us")  # type: ignore[arg-type]
+
+
+# --- (6) input validation (issue: no input gives silent wrong audio or a raw traceback) --------------------------
+
+
+@pytest.mark.parametrize("text", ["\u200b", "<>", "_", "\x00", "...", "\u200b\u200b!"])
+def test_text_without_sounds_is_refused(text: str) -> None:
+    with pytest.raises(ZonosInputError, match="nothing eSpeak can pronounce"):
+        make_cond_dict(text=text, device="cpu")
+    pc = PrefixConditioner(_config("transformer"), 32)  # a hand-built cond dict is checked too
+    with pytest.raises(ZonosInputError, match="nothing eSpeak can pronounce"):
+        pc({"espeak": ([text], ["en-us"])})
+
+
+def test_lone_surrogate_is_refused_clearly() -> None:
+    with pytest.raises(ZonosInputError, match=r"lone surrogate '\\udc80' at position 5"):
+        make_cond_dict(text="Hello\udc80 world", device="cpu")
+    with pytest.raises(ZonosInputError, match="lone surrogate"):
+        phonemize(["\ud800"], ["en-us"])
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_non_finite_speaker_tensor_is_refused(bad: float) -> None:
+    speaker = torch.randn(128)
+    speaker[17] = bad
+    with pytest.raises(ZonosInputError, match="speaker contains 1 NaN or infinite"):
+        make_cond_dict(text="Hello.", speaker=speaker.to(torch.bfloat16), device="cpu")
+    pc = PrefixConditioner(_config("transformer"), 32)
+    with pytest.raises(ZonosInputError, match="NaN or infinite"):
+        pc({"espeak": (["Hello."], ["en-us"]), "speaker": speaker.view(1, 1, 128)})
+
+
+def test_speaker_tensor_must_be_floating() -> None:
+    with pytest.raises(ZonosInputError, match="floating-point embedding"):
+        make_cond_dict(text="Hello.", speaker=torch.ones(128, dtype=torch.bool), device="cpu")
+
+
+def test_emotion_weights_non_negative_with_positive_sum() -> None:
+    with pytest.raises(ZonosInputError, match="emotion weights must be >= 0"):
+        make_cond_dict(text="Hello.", emotion=[1, 0, 0, 0, 0, 0, 0, -0.5], device="cpu")
+    with pytest.raises(ZonosInputError, match="emotion must be finite"):
+        make_cond_dict(text="Hello.", emotion=[1e39] * 8, device="cpu")  # inf once in float32
+    # Near the float32 limit the sum used to overflow, turning the vector into zeros.
+    emotion = make_cond_dict(text="Hello.", emotion=[3e38] * 8, device="cpu")["emotion"]
+    assert torch.allclose(emotion, torch.full((1, 1, 8), 0.125)) and emotion.dtype == torch.float32
+    tiny = make_cond_dict(text="Hello.", emotion=[1e-30, 0, 0, 0, 0, 0, 0, 3e-30], device="cpu")["emotion"]
+    assert torch.allclose(tiny.flatten()[[0, 7]], torch.tensor([0.25, 0.75]))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "pattern"),
+    [
+        ({"fmax": True}, "fmax must be a single number, got True"),
+        ({"pitch_std": "20"}, "pitch_std must be a single number, got '20'"),
+        ({"speaking_rate": None, "unconditional_keys": ()}, None),  # None means unconditional: allowed
+        ({"speaking_rate": float("inf")}, "speaking_rate must be finite"),
+        ({"emotion": ["1"] * 8}, "emotion must be 8 numbers"),
+        ({"emotion": [True] * 8}, "emotion must be 8 numbers"),
+        ({"vqscore_8": torch.full((8,), float("nan")), "unconditional_keys": ()}, "vqscore_8 must be finite"),
+        ({"speaker_noised": 2}, "speaker_noised must be True or False"),
+        ({"speaker_noised": "yes"}, "speaker_noised must be True or False"),
+        ({"text": 5}, "text must be a string"),
+        ({"language": None}, "language must be a string"),
+        ({"unconditional_keys": 5}, "unconditional_keys must be a list"),
+        ({"device": "mps"} if not torch.backends.mps.is_available() else {"device": "nope"}, "not"),
+    ],
+)
+def test_make_cond_dict_refuses_wrong_types(kwargs: dict, pattern: str | None) -> None:
+    kwargs = {"text": "Hello.", "device": "cpu", **kwargs}
+    if pattern is None:
+        make_cond_dict(**kwargs)
+        return
+    with pytest.raises(ZonosInputError, match=pattern):
+        make_cond_dict(**kwargs)
+
+
+def test_conditioner_inputs_are_checked() -> None:
+    pc = PrefixConditioner(_config("hybrid"), 32)
+    good = make_cond_dict(text="Hello.", device="cpu")
+    for key, value, pattern in [
+        ("pitch_std", torch.tensor([[[float("nan")]]]), "NaN or infinite"),
+        ("pitch_std", "high", "expects numbers"),
+        ("emotion", torch.ones(1, 1, 8, dtype=torch.bool), "real numbers"),
+        ("language_id", torch.tensor([[[0.5]]]), "takes integers"),
+        ("language_id", torch.tensor([[[1e30]]]), "takes integers"),
+        ("espeak", torch.tensor([[2, 500, 3]]), "phoneme ids in 0..188"),
+        ("espeak", torch.tensor([[2.0, 3.0]]), "integer tensor"),
+    ]:
+        with pytest.raises(ZonosInputError, match=pattern):
+            pc({**good, key: value})
+    with pytest.raises(ZonosInputError, match="cond_dict must be a dict"):
+        pc([("espeak", (["Hi"], ["en-us"]))])
+
+
+def test_japanese_without_the_extra_is_a_clear_input_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "kanjize", None)
+    with pytest.raises(ZonosInputError, match=r"pip install 'zonos-accel\[ja\]'") as info:
+        make_cond_dict(text="今日は", language="ja", device="cpu")
+    assert isinstance(info.value, MissingDependencyError) and isinstance(info.value, ImportError)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("1" * 37, " ".join(["one"] * 37)),
+        ("9" * 36, None),  # the longest number inflect spells: still words, not digits
+        ("0" * 3 + "7" * 37, " ".join(["zero"] * 3 + ["seven"] * 37)),
+        ("4" * 5000, " ".join(["four"] * 5000)),  # past Python's 4300-digit int() limit
+        ("$" + "2" * 40, " ".join(["two"] * 40) + " dollars"),
+        ("5" * 40 + "th", " ".join(["five"] * 40) + " th"),
+        (",".join(str(i) for i in range(1, 26)), None),
+        ("1,2,3", "one,two,three"),
+        ("1,000,000 and 12,345", "one million and twelve thousand, three hundred forty-five"),
+    ],
+)
+def test_number_normalizer_never_raises(text: str, expected: str | None) -> None:
+    out = normalize_numbers(text)
+    assert not any(ch.isdigit() for ch in out)
+    if expected is not None:
+        assert out == expected
+    if text.startswith("1,2,3,4"):
+        assert out.startswith("one,two,three,four,") and out.endswith("twenty-four,twenty-five")
 
 
 if __name__ == "__main__":

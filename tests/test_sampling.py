@@ -1,8 +1,10 @@
 """Sampling: each filter against its definition, the repetition penalty, and the draw's distribution."""
 
+import numpy as np
 import pytest
 import torch
 
+from zonos.errors import ZonosInputError
 from zonos.sampling import SamplingParams, apply_repetition_penalty, sample_from_logits, sample_tokens
 
 
@@ -57,3 +59,41 @@ def test_repetition_penalty_per_occurrence():
 def test_bad_params(bad):
     with pytest.raises(ValueError):
         SamplingParams.from_dict(bad)
+
+
+@pytest.mark.parametrize(
+    ("bad", "pattern"),
+    [
+        ({"temperature": float("nan")}, "temperature must be a finite number"),
+        ({"temperature": float("inf")}, "temperature must be a finite number"),
+        ({"repetition_penalty": float("nan")}, "repetition_penalty must be a finite number"),
+        ({"conf": float("nan")}, "conf must be a finite number"),
+        ({"quad": float("nan")}, "quad must be a finite number"),
+        ({"linear": float("-inf")}, "linear must be a finite number"),
+        ({"top_k": float("nan")}, "top_k must be an integer"),
+        ({"repetition_penalty_window": 2.5}, "repetition_penalty_window must be an integer"),
+        ({"temperature": "0.7"}, "temperature must be a real number, got '0.7'"),
+        ({"min_p": True}, "min_p must be a real number"),
+        ({"top_k": True}, "top_k must be an integer, got the bool True"),
+        ({"top_p": None}, "top_p must be a real number, got None"),
+        ({"repetition_penalty": 0}, r"repetition_penalty must lie in \(0, inf\)"),
+    ],
+)
+def test_non_finite_and_wrongly_typed_params_are_input_errors(bad, pattern):
+    with pytest.raises(ZonosInputError, match=pattern):
+        SamplingParams.from_dict(bad)
+
+
+def test_from_dict_normalises_numbers():
+    p = SamplingParams.from_dict({"top_k": 50.0, "temperature": np.float32(0.5), "repetition_penalty_window": 3})
+    assert p.top_k == 50 and type(p.top_k) is int and p.temperature == 0.5 and type(p.temperature) is float
+    with pytest.raises(ZonosInputError, match="sampling_params must be a dict"):
+        SamplingParams.from_dict([("top_k", 5)])
+
+
+def test_extreme_but_finite_params_never_give_nan_draws():
+    """A tiny temperature or a penalty factor that underflows makes some logits +inf; the draw follows them."""
+    logits = torch.tensor([[[3.0, 2.9, float("-inf")]]])
+    assert sample_tokens(logits, SamplingParams(temperature=1e-40), generator=torch.Generator()).item() == 0
+    params = SamplingParams(repetition_penalty=1e-30, repetition_penalty_window=3)
+    assert sample_tokens(logits, params, torch.tensor([[[1, 1, 1]]]), torch.Generator()).item() == 1

@@ -7,6 +7,7 @@ Everything runs on CPU; the network tests use a tiny config (4-channel stem, 5 b
 from __future__ import annotations
 
 import math
+import time
 from pathlib import Path
 
 import numpy as np
@@ -15,14 +16,17 @@ import torch
 import torch.nn.functional as F
 
 from zonos.audio import resample
+from zonos.errors import ZonosInputError
 from zonos.speaker import (
     LDA_FILE,
+    MAX_SECONDS,
     NETWORK_FILE,
     LogMelFeatures,
     ResNetSimAMASP,
     SpeakerCheckpointError,
     SpeakerEmbedding,
     SpeakerNetConfig,
+    load_speaker_embedding,
 )
 
 DATA = Path(__file__).parent / "data"
@@ -293,6 +297,95 @@ def test_embed_rejects_bad_input(tiny):
             tiny.embed(ok, sr)
     with pytest.raises(ValueError, match="NaN"):
         tiny.embed(torch.where(torch.arange(16000) == 5, float("nan"), ok), 16000)
+
+
+def _wav_bytes(samples: np.ndarray, sr: int) -> bytes:
+    """A 16-bit mono PCM WAV file whose header claims ``sr`` Hz (any value, as an upload may)."""
+    import struct
+
+    data = (np.clip(samples, -1, 1) * 32767).astype("<i2").tobytes()
+    header = b"RIFF" + struct.pack("<I", 36 + len(data)) + b"WAVEfmt "
+    header += struct.pack("<IHHIIHH", 16, 1, 1, sr, sr * 2, 2, 16) + b"data" + struct.pack("<I", len(data))
+    return header + data
+
+
+def test_a_small_wav_claiming_1_hz_is_refused_fast(tiny, tmp_path):
+    """A 2 KB upload whose header says 1 Hz used to be resampled to 16000x its length (5 s, 1 GB)."""
+    from zonos.audio import load_audio
+
+    path = tmp_path / "tiny.wav"
+    path.write_bytes(_wav_bytes(0.3 * np.sin(np.arange(1000) / 3.0), 1))
+    assert path.stat().st_size < 2100
+    start = time.perf_counter()
+    with pytest.raises(ZonosInputError, match="sample rate 1 Hz is outside 8000..768000"):
+        tiny.embed(*load_audio(path))
+    assert time.perf_counter() - start < 0.1
+
+
+@pytest.mark.parametrize("sr", [True, 7999, "16000", None, 1e9])
+def test_embed_refuses_bad_sample_rates(tiny, sr):
+    with pytest.raises(ZonosInputError, match="sample rate"):
+        tiny.embed(_speech_like(1.0, 16000), sr)
+
+
+def test_long_clips_are_trimmed_to_max_seconds(tiny):
+    assert MAX_SECONDS == 30.0
+    sr = 8000
+    clip = _speech_like(MAX_SECONDS + 12, sr, seed=3)
+    head = clip[: int(MAX_SECONDS * sr)]
+    assert torch.equal(tiny.prepare(clip, sr), tiny.prepare(head, sr))
+    assert torch.equal(tiny.embed(clip, sr), tiny.embed(head, sr))
+    assert not torch.equal(tiny.embed(clip[-int(MAX_SECONDS * sr) :], sr), tiny.embed(head, sr))
+
+
+def test_int16_scaled_float_clip_is_rescaled_with_a_warning(tiny):
+    clip = _speech_like(1.0, 16000, seed=4)
+    with pytest.warns(UserWarning, match="scaled like int16"):
+        scaled = tiny.prepare(clip * 32767, 16000)
+    torch.testing.assert_close(scaled, tiny.prepare(clip, 16000) * (32767 / 32768))
+
+
+def test_inference_path_equals_the_autograd_path(tiny):
+    """The in-place inference forward (bounded memory) computes what the plain modules compute."""
+    feats = tiny.features(_speech_like(1.5, 16000, seed=5)[None])
+    with torch.no_grad():
+        fast = tiny.network(feats)
+    with torch.enable_grad():
+        plain = tiny.network(feats.requires_grad_())
+    torch.testing.assert_close(fast, plain.detach(), rtol=1e-5, atol=1e-5)
+
+
+def test_load_speaker_embedding(tmp_path):
+    embedding = torch.randn(1, 1, 128, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    torch.save(embedding, tmp_path / "voice.pt")
+    loaded = load_speaker_embedding(tmp_path / "voice.pt")
+    assert loaded.shape == (1, 1, 128) and loaded.dtype == torch.bfloat16 and torch.equal(loaded, embedding)
+    (tmp_path / "voice.wav").write_bytes(_wav_bytes(np.zeros(16000), 16000))
+    with pytest.raises(ZonosInputError, match="voice.wav is an audio file.*--speaker-audio"):
+        load_speaker_embedding(tmp_path / "voice.wav")
+    for name, value, pattern in [
+        ("short.pt", torch.randn(64), "holds a torch.float32 tensor of shape \\(64,\\)"),
+        ("ints.pt", torch.zeros(128, dtype=torch.long), "holds a torch.int64 tensor"),
+        ("dict.pt", {"embedding": torch.randn(128)}, "holds dict"),
+        ("nan.pt", torch.full((128,), float("nan")), "NaN or infinite"),
+    ]:
+        torch.save(value, tmp_path / name)
+        with pytest.raises(ZonosInputError, match=pattern):
+            load_speaker_embedding(tmp_path / name)
+    (tmp_path / "junk.pt").write_bytes(b"not a pickle at all")
+    with pytest.raises(ZonosInputError, match="could not read .*junk.pt"):
+        load_speaker_embedding(tmp_path / "junk.pt")
+    with pytest.raises(ZonosInputError, match="not found"):
+        load_speaker_embedding(tmp_path / "missing.pt")
+
+
+def test_nan_speaker_weights_are_refused(tiny_files, tmp_path):
+    state = torch.load(tiny_files / NETWORK_FILE, weights_only=True)
+    name = next(k for k, v in state.items() if v.is_floating_point() and v.ndim == 4)
+    state[name] = state[name].clone().fill_(float("inf"))
+    torch.save(state, tmp_path / NETWORK_FILE)
+    with pytest.raises(SpeakerCheckpointError, match=f"NaN or infinite values in 1 tensor.*{name}"):
+        SpeakerEmbedding.from_local(tmp_path / NETWORK_FILE, tiny_files / LDA_FILE, config=TINY)
 
 
 # -- (5) hub ---------------------------------------------------------------------------------------------

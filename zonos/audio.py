@@ -1,14 +1,19 @@
-"""Audio helpers: band-limited resampling in plain torch, and file I/O through soundfile.
+"""Audio helpers: band-limited resampling in plain torch, input checks for waveforms, and file I/O through
+soundfile.
 
 :func:`resample` computes what ``torchaudio.functional.resample`` computes with its defaults
 (Hann-windowed sinc interpolation, ``lowpass_filter_width=6``, ``rolloff=0.99``), so torchaudio is
 not a dependency.  Both rates are divided by their gcd, and the filter is applied as a polyphase
-bank: one kernel per output phase, strided over the input.
+bank: one kernel per output phase, strided over the input.  For rates whose gcd is small (44101 Hz to
+16 kHz), that bank would hold ``new x (orig + taps)`` mostly-zero weights (15 GB for 44101 -> 44100 Hz), so
+such rates gather only the non-zero taps of each output sample instead, in bounded blocks.
 """
 
 from __future__ import annotations
 
 import math
+import numbers
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +21,75 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["resample", "load_audio", "save_audio"]
+from zonos.errors import ZonosInputError
+
+__all__ = [
+    "INT16_LIKE_PEAK",
+    "MAX_SAMPLE_RATE",
+    "MIN_SAMPLE_RATE",
+    "check_sample_rate",
+    "check_waveform",
+    "load_audio",
+    "resample",
+    "save_audio",
+]
+
+MIN_SAMPLE_RATE = 8_000  # telephone quality; lower rates (or a header claiming 1 Hz) carry no usable speech
+MAX_SAMPLE_RATE = 768_000  # the highest rate audio interfaces record at
+# A float waveform peaking above this was scaled like int16 PCM (x 32767), not [-1, 1]: an int16 recording
+# peaking below 32 (-60 dBFS) is near silence, while float audio rarely exceeds 1 by more than a little.
+INT16_LIKE_PEAK = 32.0
+# Above this many polyphase weights (8 MB in float64) resample gathers taps instead of building the bank.
+_MAX_BANK = 1 << 20
+_GATHER_BLOCK = 1 << 16  # output samples per gathered block (with ~15-300 taps each)
+
+
+def check_sample_rate(sr: object, name: str = "sample rate") -> int:
+    """``sr`` as an int in ``[MIN_SAMPLE_RATE, MAX_SAMPLE_RATE]``; refuses bools (``preprocess(wav, True)``
+    would be 1 Hz), strings and fractional rates with :class:`~zonos.errors.ZonosInputError`."""
+    if isinstance(sr, Tensor) and sr.dim() == 0:
+        sr = sr.item()
+    if isinstance(sr, bool) or not isinstance(sr, numbers.Real) or not math.isfinite(sr) or sr != int(sr):
+        raise ZonosInputError(f"{name} must be a whole number of Hz such as 44100, got {sr!r} ({type(sr).__name__})")
+    sr = int(sr)
+    if not MIN_SAMPLE_RATE <= sr <= MAX_SAMPLE_RATE:
+        raise ZonosInputError(
+            f"{name} {sr} Hz is outside {MIN_SAMPLE_RATE}..{MAX_SAMPLE_RATE} Hz; check the file's header, or "
+            "resample the recording (e.g. ffmpeg -ar 44100)"
+        )
+    return sr
+
+
+def check_waveform(wav: object, name: str = "wav") -> Tensor:
+    """A finite floating-point waveform tensor (numpy arrays are converted); warns and rescales one whose peak
+    exceeds :data:`INT16_LIKE_PEAK`, i.e. float samples scaled like int16 PCM, dividing by 32768 (or by the
+    peak if larger) so it lies in [-1, 1]. Raises :class:`~zonos.errors.ZonosInputError` otherwise."""
+    if isinstance(wav, np.ndarray):
+        if wav.dtype.kind not in "fiu":
+            raise ZonosInputError(f"{name} must hold real samples, got a numpy array of {wav.dtype}")
+        wav = torch.from_numpy(np.ascontiguousarray(wav))
+    if not isinstance(wav, Tensor):
+        raise ZonosInputError(f"{name} must be a torch.Tensor or numpy array, got {type(wav).__name__}")
+    if not torch.is_floating_point(wav):
+        raise ZonosInputError(
+            f"{name} must be floating point with samples in [-1, 1], got {wav.dtype}; "
+            "e.g. convert int16 PCM with wav.float() / 32768"
+        )
+    if wav.numel() == 0:
+        raise ZonosInputError(f"{name} is empty (shape {tuple(wav.shape)}); pass a recording")
+    if not bool(wav.isfinite().all()):
+        raise ZonosInputError(f"{name} contains NaN or infinite samples; check how the audio was read or computed")
+    peak = float(wav.abs().max())
+    if peak > INT16_LIKE_PEAK:
+        scale = 32768.0 if peak <= 32768.0 else peak
+        warnings.warn(
+            f"{name} peaks at {peak:.4g}, far outside [-1, 1]: it looks scaled like int16 PCM; dividing it by "
+            f"{scale:.6g}. Pass float samples in [-1, 1] (e.g. int16 / 32768) to silence this warning",
+            UserWarning,
+            stacklevel=3,
+        )
+        wav = wav / scale
+    return wav
 
 
 def _sinc_bank(orig: int, new: int, lowpass_filter_width: int, rolloff: float) -> tuple[Tensor, int]:
@@ -51,25 +124,66 @@ def resample(
     Equal rates return the input unchanged.  Works on any device and floating dtype.
     """
     if orig_sr <= 0 or new_sr <= 0 or int(orig_sr) != orig_sr or int(new_sr) != new_sr:
-        raise ValueError(f"sample rates must be positive integers, got {orig_sr} and {new_sr}")
+        raise ZonosInputError(f"sample rates must be positive integers, got {orig_sr} and {new_sr}")
     if not torch.is_floating_point(wav):
-        raise TypeError(f"resample needs a floating-point waveform, got {wav.dtype}")
+        raise ZonosInputError(f"resample needs a floating-point waveform, got {wav.dtype}")
     if orig_sr == new_sr:
         return wav
     gcd = math.gcd(int(orig_sr), int(new_sr))
     orig, new = int(orig_sr) // gcd, int(new_sr) // gcd
-    kernel, width = _sinc_bank(orig, new, lowpass_filter_width, rolloff)
-    kernel = kernel.to(device=wav.device, dtype=wav.dtype)
-
     shape = wav.shape
     length = shape[-1]
-    flat = wav.reshape(-1, 1, length)
-    # Zero-pad so every block k = 0 .. ceil(N / orig) has its full set of taps.
-    flat = F.pad(flat, (width, width + orig))
-    out = F.conv1d(flat, kernel, stride=orig)  # [M, new, blocks]: phase p of block k
-    out = out.transpose(1, 2).reshape(flat.shape[0], -1)  # interleave phases in time order
+    flat = wav.reshape(-1, length)
     target = math.ceil(new * length / orig)
+    width = _half_width(orig, new, lowpass_filter_width, rolloff)
+    if new * (2 * width + orig) > _MAX_BANK:
+        out = _resample_gather(flat, orig, new, target, lowpass_filter_width, rolloff)
+        return out.reshape(*shape[:-1], target)
+    kernel, width = _sinc_bank(orig, new, lowpass_filter_width, rolloff)
+    kernel = kernel.to(device=wav.device, dtype=wav.dtype)
+    # Zero-pad so every block k = 0 .. ceil(N / orig) has its full set of taps.
+    padded = F.pad(flat[:, None], (width, width + orig))
+    out = F.conv1d(padded, kernel, stride=orig)  # [M, new, blocks]: phase p of block k
+    out = out.transpose(1, 2).reshape(flat.shape[0], -1)  # interleave phases in time order
     return out[:, :target].reshape(*shape[:-1], target)
+
+
+def _half_width(orig: int, new: int, lowpass_filter_width: int, rolloff: float) -> int:
+    """Half-length of the filter in input samples (as :func:`_sinc_bank` computes it)."""
+    return math.ceil(lowpass_filter_width * orig / (min(orig, new) * rolloff))
+
+
+def _resample_gather(
+    flat: Tensor, orig: int, new: int, target: int, lowpass_filter_width: int, rolloff: float
+) -> Tensor:
+    """The polyphase resampling of ``flat [M, N]`` computed from each output sample's non-zero taps only.
+
+    Output ``j = k * new + p`` sits at input position ``k * orig + p * orig / new``; its window reaches
+    ``width`` input samples either side, so the taps at ``k * orig + floor(p * orig / new) + r`` for
+    ``r = -width .. width + 1`` carry all of :func:`_sinc_bank`'s weight (the bank's other taps lie where the
+    window is zero, up to float64 rounding).  Memory is ``new x taps`` weights plus one block of gathers.
+    """
+    cutoff = min(orig, new) * rolloff
+    width = _half_width(orig, new, lowpass_filter_width, rolloff)
+    phases = torch.arange(new, dtype=torch.float64)
+    base = torch.div(torch.arange(new, dtype=torch.int64) * orig, new, rounding_mode="floor")  # [new]
+    offsets = torch.arange(-width, width + 2, dtype=torch.int64)  # [taps]
+    taps = (base[:, None] + offsets[None, :]).double() / orig  # input times (blocks) of each phase's taps
+    x = ((taps - phases[:, None] / new) * cutoff).clamp(-lowpass_filter_width, lowpass_filter_width)
+    window = torch.cos(x * (math.pi / (2 * lowpass_filter_width))) ** 2
+    sinc = torch.where(x == 0, torch.ones_like(x), torch.sin(math.pi * x) / (math.pi * x))
+    weights = (sinc * window * (cutoff / orig)).to(device=flat.device, dtype=flat.dtype)  # [new, taps]
+    base, offsets = base.to(flat.device), offsets.to(flat.device)
+    length = flat.shape[-1]
+    padded = F.pad(flat, (width, width + orig + 2))  # index i of the signal is padded[i + width]
+    out = flat.new_empty(flat.shape[0], target)
+    for start in range(0, target, _GATHER_BLOCK):
+        j = torch.arange(start, min(start + _GATHER_BLOCK, target), device=flat.device)
+        p = j % new
+        first = torch.div(j, new, rounding_mode="floor") * orig + base[p] + width  # padded index of r = 0
+        idx = (first[:, None] + offsets[None, :]).clamp(0, length + 2 * width + orig + 1)
+        out[:, start : start + j.numel()] = (padded[:, idx] * weights[p]).sum(-1)
+    return out
 
 
 def load_audio(path: str | Path) -> tuple[Tensor, int]:

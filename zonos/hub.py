@@ -5,8 +5,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from zonos.errors import CheckpointError
 
-class CheckpointNotAvailableError(FileNotFoundError):
+
+class CheckpointNotAvailableError(CheckpointError, FileNotFoundError):
     """A checkpoint file is neither in the given directory nor obtainable from the Hub or its cache."""
 
 
@@ -29,7 +31,7 @@ def resolve_file(
             )
         return path
     repo_id = str(repo_or_dir)
-    if _looks_like_path(repo_id):
+    if _looks_like_path(repo_id) or _parent_is_local_dir(repo_id):
         what = "is a file, not a directory" if local.exists() else "does not exist"
         raise CheckpointNotAvailableError(
             f"{repo_id} {what}: pass a local directory holding the checkpoint's files ({filename} among them), or a "
@@ -63,3 +65,10 @@ def _looks_like_path(name: str) -> bool:
     file, or more than one directory level."""
     windows = os.sep != "/" and os.sep in name
     return name.startswith((".", "/", "~")) or Path(name).exists() or name.count("/") > 1 or windows
+
+
+def _parent_is_local_dir(name: str) -> bool:
+    """``models/zonos`` where ``models/`` is a local directory: a mistyped local path, not a repo id (a Hub
+    lookup of it would cost network retries, ~23 s offline, before failing)."""
+    parent = Path(name).expanduser().parent
+    return str(parent) not in ("", ".") and parent.is_dir()

@@ -8,9 +8,14 @@ multinomial draw and takes an optional ``torch.Generator`` for reproducibility.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
+from typing import Any
 
 import torch
+
+from zonos.errors import ZonosInputError
+from zonos.validation import check_int, check_real
 
 
 @dataclass(frozen=True)
@@ -28,28 +33,46 @@ class SamplingParams:
     repetition_penalty_window: int = 2
 
     @classmethod
-    def from_dict(cls, params: dict | None) -> SamplingParams:
-        """Validate a ``sampling_params`` dict (as passed to ``generate``)."""
+    def from_dict(cls, params: Mapping[str, Any] | None) -> SamplingParams:
+        """Validate a ``sampling_params`` dict (as passed to ``generate``).
+
+        Every value must be a finite real number in its range (integers for ``top_k`` and
+        ``repetition_penalty_window``); bools, strings, NaN and infinities raise :class:`ZonosInputError`.
+        """
+        if params is not None and not isinstance(params, Mapping):
+            raise ZonosInputError(
+                f"sampling_params must be a dict such as {{'min_p': 0.1}}, got {type(params).__name__}"
+            )
         params = dict(params or {})
         known = {f.name for f in fields(cls)}
         unknown = set(params) - known
         if unknown:
-            raise ValueError(f"unknown sampling parameter(s) {sorted(unknown)}; known: {sorted(known)}")
-        p = cls(**params)
-        if p.temperature < 0:
-            raise ValueError(f"temperature must be ≥ 0 (0 means greedy), got {p.temperature}")
-        if not 0 <= p.top_p <= 1 or not 0 <= p.min_p <= 1:
-            raise ValueError(
-                f"top_p and min_p must lie in [0, 1] (0 disables them), got top_p={p.top_p}, min_p={p.min_p}"
+            raise ZonosInputError(f"unknown sampling parameter(s) {sorted(map(str, unknown))}; known: {sorted(known)}")
+        checked = {
+            name: (
+                check_int(name, value, lo, hi, allow_integral_float=True, hint=hint)
+                if name in _INTEGER_FIELDS
+                else check_real(name, value, lo, hi, lo_open=lo_open, hint=hint)
             )
-        if p.top_k < 0 or int(p.top_k) != p.top_k:
-            raise ValueError(f"top_k must be a non-negative integer (0 disables it), got {p.top_k}")
-        if p.repetition_penalty <= 0 or p.repetition_penalty_window < 1:
-            raise ValueError(
-                "repetition_penalty must be > 0 (1 disables it) and repetition_penalty_window ≥ 1, got "
-                f"repetition_penalty={p.repetition_penalty}, repetition_penalty_window={p.repetition_penalty_window}"
-            )
-        return p
+            for name, value in params.items()
+            for lo, hi, lo_open, hint in (_RANGES[name],)
+        }
+        return cls(**checked)
+
+
+# name: (low, high, low end open, what the value means)
+_RANGES: dict[str, tuple[float | None, float | None, bool, str]] = {
+    "temperature": (0.0, None, False, "0 means greedy, 1 the model's distribution"),
+    "top_p": (0.0, 1.0, False, "0 disables it"),
+    "top_k": (0, None, False, "0 disables it"),
+    "min_p": (0.0, 1.0, False, "0 disables it"),
+    "linear": (None, None, False, "the unified sampler's linear term; 0 disables the unified sampler"),
+    "conf": (None, None, False, "the unified sampler's entropy term"),
+    "quad": (None, None, False, "the unified sampler's quadratic term"),
+    "repetition_penalty": (0.0, None, True, "1 disables it; upstream's default is 3"),
+    "repetition_penalty_window": (1, None, False, "how many recent frames the penalty looks at"),
+}
+_INTEGER_FIELDS = frozenset({"top_k", "repetition_penalty_window"})
 
 
 def apply_repetition_penalty(logits: torch.Tensor, recent: torch.Tensor, penalty: float) -> torch.Tensor:
@@ -62,6 +85,12 @@ def apply_repetition_penalty(logits: torch.Tensor, recent: torch.Tensor, penalty
         2, recent, torch.full_like(recent, penalty, dtype=logits.dtype), "prod"
     )
     return torch.where(logits <= 0, logits * factors, logits / factors)
+
+
+def _finite_top(logits: torch.Tensor) -> torch.Tensor:
+    """+inf logits (a tiny temperature or a penalty factor that underflowed to 0) become the dtype's largest
+    value, so softmax gives them all the mass instead of NaN; -inf (masked columns) stays."""
+    return torch.nan_to_num(logits, posinf=torch.finfo(logits.dtype).max, neginf=float("-inf"))
 
 
 def _unified(probs: torch.Tensor, linear: float, conf: float, quad: float) -> torch.Tensor:
@@ -105,7 +134,7 @@ def sample_tokens(
         logits = apply_repetition_penalty(logits, window, params.repetition_penalty)
     if params.temperature == 0:
         return logits.argmax(-1, keepdim=True)
-    probs = torch.softmax(logits / params.temperature, dim=-1)
+    probs = torch.softmax(_finite_top(logits / params.temperature), dim=-1)
     if params.linear > 0:
         probs = _unified(probs, params.linear, params.conf, params.quad)
     if params.top_p > 0:

@@ -9,6 +9,7 @@ it, or from one of Descript's original ``.pth`` files.
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
@@ -16,15 +17,29 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from zonos.audio import resample
+from zonos.audio import check_sample_rate, check_waveform, resample
+from zonos.checkpoint import load_safetensors
 from zonos.codec.dac import DAC, DACConfig, convert_descript_state_dict, load_state_dict_strict
+from zonos.errors import CheckpointError, ZonosInputError
 from zonos.hub import CheckpointNotAvailableError, resolve_file
 
-__all__ = ["DACAutoencoder", "CodecNotAvailableError", "DEFAULT_REPO_ID", "decode_precision", "validate_codes"]
+__all__ = [
+    "DACAutoencoder",
+    "CodecNotAvailableError",
+    "DEFAULT_REPO_ID",
+    "ENCODE_CHUNK_FRAMES",
+    "decode_precision",
+    "encoder_context_frames",
+    "validate_codes",
+]
 
 DEFAULT_REPO_ID = "descript/dac_44khz"
 _CONFIG_NAME = "config.json"
 _WEIGHTS_NAME = "model.safetensors"
+# encode() runs the encoder over windows of this many frames (~3 s at 44.1 kHz) plus its receptive field on
+# either side, so a long clip costs memory for one window, not for the whole clip (a 10-minute clip took 4 GB
+# one-shot with the tiny test codec; at full width a 3 s window's widest activation is 64 x 131072 x 4 B = 34 MB).
+ENCODE_CHUNK_FRAMES = 256
 
 
 # The codec's name for a checkpoint that cannot be found (kept for callers that catch it).
@@ -95,10 +110,8 @@ class DACAutoencoder:
 
     @classmethod
     def _from_files(cls, config_path: Path, weights_path: Path, device: str | torch.device) -> DACAutoencoder:
-        from safetensors.torch import load_file
-
         config = DACConfig.from_json(config_path)
-        return cls(config, load_file(str(weights_path)), device=device, source=str(weights_path))
+        return cls(config, load_safetensors(weights_path), device=device, source=str(weights_path))
 
     @classmethod
     def from_pretrained(
@@ -116,7 +129,15 @@ class DACAutoencoder:
     @classmethod
     def from_descript_checkpoint(cls, path: str | Path, device: str | torch.device = "cpu") -> DACAutoencoder:
         """Load one of Descript's original ``.pth`` files (``weights_44khz_8kbps_*.pth``)."""
-        checkpoint = torch.load(str(path), map_location="cpu", weights_only=True)
+        try:
+            checkpoint = torch.load(str(path), map_location="cpu", weights_only=True)
+        except FileNotFoundError:
+            raise CheckpointError(f"{path}: no such file; pass one of Descript's weights_44khz_*.pth") from None
+        except Exception as e:  # unpickling and zip errors come as several types
+            raise CheckpointError(
+                f"could not read {path} as a torch checkpoint ({type(e).__name__}: {e}); it is probably "
+                "truncated or corrupted: download it again"
+            ) from None
         kwargs = checkpoint.get("metadata", {}).get("kwargs", {}) if isinstance(checkpoint, Mapping) else {}
         config = _config_from_descript_kwargs(kwargs)
         weights = convert_descript_state_dict(checkpoint, num_blocks=len(config.upsampling_ratios))
@@ -171,26 +192,51 @@ class DACAutoencoder:
     # -- audio <-> codes -----------------------------------------------------------------------
 
     def preprocess(self, wav: Tensor, sr: int) -> Tensor:
-        """Resample ``wav [..., N]`` to the codec's rate and right-pad with zeros to a multiple of the hop."""
+        """Resample ``wav [..., N]`` to the codec's rate and right-pad with zeros to a multiple of the hop.
+
+        ``wav`` must be finite floating point (a waveform scaled like int16 PCM is rescaled with a warning) and
+        ``sr`` a whole number of Hz in 8000..768000 (see :func:`zonos.audio.check_sample_rate`); otherwise
+        :class:`~zonos.errors.ZonosInputError`, before any resampling.
+        """
+        sr = check_sample_rate(sr)
+        wav = check_waveform(wav)
         wav = resample(wav, sr, self.sampling_rate)
         pad = -wav.shape[-1] % self.hop_length
         return F.pad(wav, (0, pad)) if pad else wav
 
     @torch.no_grad()
     def encode(self, wav: Tensor) -> Tensor:
-        """Codes ``[B, num_codebooks, N / hop_length]`` (int64) of a preprocessed waveform ``[B, 1, N]``."""
+        """Codes ``[B, num_codebooks, N / hop_length]`` (int64) of a preprocessed waveform ``[B, 1, N]``.
+
+        Long clips are encoded in windows of :data:`ENCODE_CHUNK_FRAMES` frames, each with the encoder's
+        receptive field of real context on both sides, so memory stays bounded and the codes equal those of
+        one pass over the whole clip.
+        """
         if not isinstance(wav, Tensor) or wav.dim() != 3 or wav.shape[1] != 1:
             shape = tuple(wav.shape) if isinstance(wav, Tensor) else type(wav).__name__
-            raise ValueError(f"encode expects a mono waveform batch [B, 1, N]; got {shape}")
+            raise ZonosInputError(f"encode expects a mono waveform batch [B, 1, N]; got {shape}")
         if not torch.is_floating_point(wav):
-            raise TypeError(f"encode expects a floating-point waveform, got {wav.dtype}")
-        if wav.shape[-1] % self.hop_length:
-            raise ValueError(
-                f"waveform length {wav.shape[-1]} is not a multiple of {self.hop_length}; "
+            raise ZonosInputError(f"encode expects a floating-point waveform, got {wav.dtype}")
+        if wav.shape[-1] == 0 or wav.shape[-1] % self.hop_length:
+            raise ZonosInputError(
+                f"waveform length {wav.shape[-1]} is not a positive multiple of {self.hop_length}; "
                 "call preprocess(wav, sr) first"
             )
+        wav = check_waveform(wav)
         param = next(self.dac.parameters())
-        return self.dac.encode(wav.to(param.device, param.dtype))
+        wav = wav.to(param.device, param.dtype)
+        hop = self.hop_length
+        frames = wav.shape[-1] // hop
+        context = encoder_context_frames(self.config)
+        if frames <= ENCODE_CHUNK_FRAMES + 2 * context:
+            return self.dac.encode(wav)
+        chunks = []
+        for start in range(0, frames, ENCODE_CHUNK_FRAMES):
+            stop = min(start + ENCODE_CHUNK_FRAMES, frames)
+            lo, hi = max(start - context, 0), min(stop + context, frames)
+            codes = self.dac.encode(wav[..., lo * hop : hi * hop])
+            chunks.append(codes[..., start - lo : stop - lo])
+        return torch.cat(chunks, dim=-1)
 
     @torch.no_grad()
     def decode(self, codes: Tensor) -> Tensor:
@@ -207,27 +253,43 @@ class DACAutoencoder:
         return validate_codes(codes, self.num_codebooks, self.codebook_size)
 
 
+def encoder_context_frames(config: DACConfig) -> int:
+    """Frames of input either side that one latent frame of the encoder depends on (its receptive field), rounded
+    up: a window starting on a frame boundary with this much real context computes its interior frames exactly
+    as a pass over the whole signal does (4244 samples, 9 frames, for the 44.1 kHz model)."""
+    samples, jump = 3, 1  # conv1: kernel 7, padding 3
+    for stride in config.downsampling_ratios:
+        samples += sum(3 * d * jump for d in (1, 3, 9))  # three residual units, kernel 7 at dilations 1, 3, 9
+        pad = math.ceil(stride / 2)  # the strided conv: kernel 2 * stride, padding ceil(stride / 2)
+        samples += max(pad, 2 * stride - 1 - pad) * jump
+        jump *= stride
+    samples += jump  # conv2: kernel 3, padding 1, at the frame rate
+    return -(-samples // config.hop_length)
+
+
 def validate_codes(codes: Tensor, num_codebooks: int, codebook_size: int, *, values: bool = True) -> Tensor:
     """Check that ``codes`` is an integer tensor ``[B, num_codebooks, T]`` of valid code values.
 
-    Raises ``TypeError``/``ValueError`` naming the problem; returns the codes as int64.  ``values=False``
-    checks the shape and dtype only (reading the values of CUDA codes waits for the GPU).
+    Raises :class:`~zonos.errors.ZonosInputError` naming the problem; returns the codes as int64.  Any integer
+    dtype is accepted (the range is compared as Python ints, so uint8 or int16 codes cannot wrap around).
+    ``values=False`` checks the shape and dtype only (reading the values of CUDA codes waits for the GPU).
     """
     if not isinstance(codes, Tensor):
-        raise TypeError(f"codes must be a torch.Tensor, got {type(codes).__name__}")
+        raise ZonosInputError(f"codes must be a torch.Tensor, got {type(codes).__name__}")
     if codes.dim() != 3 or codes.shape[1] != num_codebooks:
-        raise ValueError(f"codes must have shape [B, {num_codebooks}, T]; got {tuple(codes.shape)}")
+        raise ZonosInputError(f"codes must have shape [B, {num_codebooks}, T]; got {tuple(codes.shape)}")
     if torch.is_floating_point(codes) or torch.is_complex(codes) or codes.dtype == torch.bool:
-        raise TypeError(f"codes must be an integer tensor (int64), got {codes.dtype}")
+        raise ZonosInputError(f"codes must be an integer tensor (int64), got {codes.dtype}")
     if values and codes.numel():
-        check_code_range(int(codes.min()), int(codes.max()), codebook_size)
+        lo, hi = torch.aminmax(codes)
+        check_code_range(int(lo), int(hi), codebook_size)
     return codes.long()
 
 
 def check_code_range(lo: int, hi: int, codebook_size: int) -> None:
-    """Raise ``ValueError`` unless codes with values in ``lo..hi`` are valid code values."""
+    """Raise :class:`~zonos.errors.ZonosInputError` unless codes with values in ``lo..hi`` are valid."""
     if lo < 0 or hi >= codebook_size:
-        raise ValueError(
+        raise ZonosInputError(
             f"codes must lie in 0..{codebook_size - 1}; got values in {lo}..{hi}. Replace the "
             f"generator's special codes (EOS {codebook_size}, MASK {codebook_size + 1}) with 0 "
             f"first, e.g. codes.masked_fill(codes >= {codebook_size}, 0)"

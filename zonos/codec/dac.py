@@ -11,7 +11,6 @@ Shapes: audio ``[B, 1, N]``, latent ``[B, hidden_size, T]`` with ``N = hop_lengt
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Mapping, Sequence
@@ -25,7 +24,10 @@ from torch import Tensor, nn
 
 from zonos import ops
 from zonos.checkpoint import CheckpointMismatchError, check_state_dict
+from zonos.config import read_json
+from zonos.errors import CheckpointError, ZonosInputError
 from zonos.utils import tensor_version
+from zonos.validation import check_int
 
 __all__ = [
     "DAC",
@@ -77,21 +79,43 @@ class DACConfig:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> DACConfig:
-        """Build from a ``config.json`` mapping; unknown keys (loss weights, ``model_type``...) are ignored."""
+        """Build from a ``config.json`` mapping; unknown keys (loss weights, ``model_type``...) are ignored.
+        Wrongly typed values raise :class:`~zonos.errors.CheckpointError` naming the key."""
+        if not isinstance(data, Mapping):
+            raise CheckpointError(f"not a DAC config.json: expected a JSON object, got {type(data).__name__}")
         known = {f.name for f in fields(cls)}
-        config = cls(**{k: v for k, v in data.items() if k in known})
-        hop = data.get("hop_length")
-        if hop is not None and int(hop) != config.hop_length:
-            raise ValueError(
-                f"config hop_length {hop} does not match the product of downsampling_ratios ({config.hop_length})"
-            )
+        values = {k: v for k, v in data.items() if k in known}
+        try:
+            for key, value in values.items():
+                if key.endswith("_ratios"):
+                    if not isinstance(value, list) or not value:
+                        raise ZonosInputError(f"{key} must be a non-empty list of integers, got {value!r}")
+                    for i, r in enumerate(value):
+                        check_int(f"{key}[{i}]", r, 1)
+                else:
+                    check_int(key, value, 1)
+            config = cls(**values)
+            hop = data.get("hop_length")
+            if hop is not None and check_int("hop_length", hop, 1) != config.hop_length:
+                raise ZonosInputError(
+                    f"config hop_length {hop} does not match the product of downsampling_ratios ({config.hop_length})"
+                )
+        except CheckpointError:
+            raise
+        except ZonosInputError as e:
+            raise CheckpointError(f"DAC config: {e}") from None
+        except ValueError as e:  # __post_init__'s consistency checks
+            raise CheckpointError(f"DAC config: {e}") from None
         return config
 
     @classmethod
     def from_json(cls, path: str | Path) -> DACConfig:
-        """Read a Hugging Face style ``config.json``."""
-        with open(path, encoding="utf-8") as f:
-            return cls.from_dict(json.load(f))
+        """Read a Hugging Face style ``config.json``; problems raise CheckpointError naming the file."""
+        data = read_json(path, "the DAC codec's config.json")
+        try:
+            return cls.from_dict(data)
+        except CheckpointError as e:
+            raise CheckpointError(f"{path}: {e}") from None
 
     def to_dict(self) -> dict[str, Any]:
         """The fields plus the derived ``hop_length`` and ``model_type``, as written to ``config.json``."""

@@ -11,6 +11,7 @@ that :func:`make_cond_dict` produces). A missing (``None``) input selects the le
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal
 
@@ -18,9 +19,11 @@ import torch
 from torch import nn
 
 from ..config import PrefixConditionerConfig
+from ..errors import CheckpointError, ZonosInputError
 from ..utils import default_device
+from ..validation import check_device, check_finite
 from .languages import language_id, normalize_language
-from .phonemes import VOCAB_SIZE, phonemize, tokenize_phonemes
+from .phonemes import VOCAB_SIZE, check_phonemes, check_text, phonemize, tokenize_phonemes
 
 __all__ = [
     "Conditioner",
@@ -45,23 +48,34 @@ def _make_projection(kind: str, in_dim: int, out_dim: int) -> nn.Module:
         return nn.Sequential(nn.Linear(in_dim, out_dim), nn.SiLU(), nn.Linear(out_dim, out_dim))
     if kind == "none":
         return nn.Identity()
-    raise ValueError(f"unknown projection {kind!r}; expected 'none', 'linear' or 'mlp'")
+    raise CheckpointError(f"unknown projection {kind!r}; expected 'none', 'linear' or 'mlp'")
 
 
 def _features(x: Any, n: int, name: str, device: torch.device) -> torch.Tensor:
-    """Bring a conditioner input to ``[B, T, n]`` on ``device`` (dtype unchanged; lists become tensors)."""
-    x = torch.as_tensor(x, device=device)
+    """Bring a conditioner input to ``[B, T, n]`` on ``device`` (dtype unchanged; lists become tensors), refusing
+    strings, bools, complex and non-finite values."""
+    if isinstance(x, (str, bytes)):
+        raise ZonosInputError(f"conditioner {name!r} expects numbers, got the string {x[:40]!r}")
+    try:
+        x = torch.as_tensor(x, device=device)
+    except (TypeError, ValueError, RuntimeError) as e:
+        raise ZonosInputError(
+            f"conditioner {name!r} expects a tensor or list of numbers, got {type(x).__name__} ({e})"
+        ) from None
+    if x.dtype == torch.bool or x.is_complex():
+        raise ZonosInputError(f"conditioner {name!r} expects real numbers, got a {x.dtype} tensor")
+    check_finite(f"conditioner {name!r} input", x, "pass finite values (see make_cond_dict)")
     if x.dim() == 0:
         x = x.reshape(1)
     if x.shape[-1] != n:
-        raise ValueError(f"conditioner {name!r} expects {n} value(s) on the last axis, got shape {tuple(x.shape)}")
+        raise ZonosInputError(f"conditioner {name!r} expects {n} value(s) on the last axis, got shape {tuple(x.shape)}")
     if x.dim() == 1:
         return x.view(1, 1, n)
     if x.dim() == 2:
         return x.unsqueeze(1)  # [B, n]: one token per batch row
     if x.dim() == 3:
         return x
-    raise ValueError(f"conditioner {name!r} expects a tensor [n], [B, n] or [B, T, n], got shape {tuple(x.shape)}")
+    raise ZonosInputError(f"conditioner {name!r} expects a tensor [n], [B, n] or [B, T, n], got shape {tuple(x.shape)}")
 
 
 class Conditioner(nn.Module):
@@ -109,7 +123,9 @@ class Conditioner(nn.Module):
         """``[B, T, d]`` for a given input; the learned unconditional vector as ``[1, 1, d]`` for ``None``."""
         if inputs is None:
             if self.uncond_vector is None:
-                raise ValueError(f"conditioner {self.name!r} has no unconditional vector, so its input is required")
+                raise ZonosInputError(
+                    f"conditioner {self.name!r} has no unconditional vector, so its input is required"
+                )
             # Already in model space: the projection is not applied.
             return self.uncond_vector.view(1, 1, -1)
         return self.project(self.apply_cond(inputs))
@@ -133,20 +149,34 @@ class EspeakPhonemeConditioner(Conditioner):
     def apply_cond(self, inputs: Any) -> torch.Tensor:
         device = self.phoneme_embedder.weight.device
         if isinstance(inputs, torch.Tensor):
-            ids = inputs if inputs.dim() == 2 else inputs.view(1, -1)  # [L] -> [1, L]
+            if inputs.is_floating_point() or inputs.is_complex() or inputs.dtype == torch.bool or inputs.dim() > 2:
+                raise ZonosInputError(
+                    f"conditioner {self.name!r} takes phoneme ids as an integer tensor [B, L], got {inputs.dtype} "
+                    f"of shape {tuple(inputs.shape)}"
+                )
+            ids = inputs if inputs.dim() == 2 else inputs.reshape(1, -1)  # [L] -> [1, L]
+            if ids.shape[-1] == 0 or int(ids.min()) < 0 or int(ids.max()) >= VOCAB_SIZE:
+                raise ZonosInputError(
+                    f"conditioner {self.name!r} takes a non-empty tensor of phoneme ids in 0..{VOCAB_SIZE - 1} "
+                    "(from zonos.conditioning.tokenize_phonemes)"
+                )
         elif isinstance(inputs, str):  # a bare string would unpack into characters
-            raise ValueError(
+            raise ZonosInputError(
                 f"conditioner {self.name!r} expects (texts, languages), e.g. (['Hello.'], ['en-us']), not a string"
             )
         else:
             try:
                 texts, languages = inputs
             except (TypeError, ValueError):
-                raise ValueError(
+                raise ZonosInputError(
                     f"conditioner {self.name!r} expects (texts, languages), e.g. (['Hello.'], ['en-us']), "
                     f"or a tensor of phoneme ids; got {type(inputs).__name__}"
                 ) from None
-            ids, _ = tokenize_phonemes(phonemize(texts, languages))
+            phonemes = phonemize(texts, languages)
+            languages = list(languages) * (len(phonemes) if len(languages) == 1 else 1)
+            for text, language, p in zip(texts, languages, phonemes):
+                check_phonemes(text, language, p)
+            ids, _ = tokenize_phonemes(phonemes)
         return self.phoneme_embedder(ids.to(device=device, dtype=torch.long))
 
 
@@ -211,10 +241,15 @@ class IntegerConditioner(Conditioner):
         self.int_embedder = nn.Embedding(self.max_val - self.min_val + 1, output_dim)
 
     def apply_cond(self, inputs: Any) -> torch.Tensor:
-        x = _features(inputs, 1, self.name, self.int_embedder.weight.device).squeeze(-1).long()
+        x = _features(inputs, 1, self.name, self.int_embedder.weight.device).squeeze(-1)
+        if x.is_floating_point() and bool((x != x.round()).any()):
+            raise ZonosInputError(f"conditioner {self.name!r} takes integers, got {x.flatten().tolist()[:8]}")
+        if x.is_floating_point() and bool((x.abs() > 2**31).any()):  # .long() of a huge float is undefined
+            raise ZonosInputError(f"conditioner {self.name!r} takes integers in [{self.min_val}, {self.max_val}]")
+        x = x.long()
         # An embedding index error would not say which conditioner or range; check first (one tiny sync).
         if bool(((x < self.min_val) | (x > self.max_val)).any()):
-            raise ValueError(
+            raise ZonosInputError(
                 f"conditioner {self.name!r} takes integers in [{self.min_val}, {self.max_val}], got {x.tolist()}"
             )
         return self.int_embedder(x - self.min_val)
@@ -235,18 +270,24 @@ def build_conditioners(configs: Sequence[Mapping[str, Any]], output_dim: int) ->
     """Instantiate conditioners from the config's list of dicts (each has ``type`` and ``name``)."""
     out: list[Conditioner] = []
     for i, cfg in enumerate(configs):
+        where = f"prefix_conditioner.conditioners[{i}]"
+        if not isinstance(cfg, Mapping):
+            raise CheckpointError(f"{where} must be a JSON object, got {type(cfg).__name__}")
         cfg = dict(cfg)
         kind = cfg.pop("type", None)
-        if kind not in CONDITIONER_TYPES:
-            raise ValueError(
-                f"prefix_conditioner.conditioners[{i}] has type {kind!r}; known types: {sorted(CONDITIONER_TYPES)}"
-            )
-        if "name" not in cfg:
-            raise ValueError(f"prefix_conditioner.conditioners[{i}] ({kind}) has no 'name'")
+        if not isinstance(kind, str) or kind not in CONDITIONER_TYPES:
+            raise CheckpointError(f"{where} has type {kind!r}; known types: {sorted(CONDITIONER_TYPES)}")
+        if not isinstance(cfg.get("name"), str):
+            raise CheckpointError(f"{where} ({kind}) needs a string 'name'")
+        for key, value in cfg.items():  # everything but the names below is a number
+            if key not in ("name", "projection", "uncond_type") and (
+                isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+            ):
+                raise CheckpointError(f"{where} ({kind} {cfg['name']!r}): {key} must be a finite number, got {value!r}")
         try:
             out.append(CONDITIONER_TYPES[kind](output_dim, **cfg))
-        except TypeError as e:  # an unexpected key in the config dict
-            raise ValueError(f"prefix_conditioner.conditioners[{i}] ({kind} {cfg['name']!r}): {e}") from e
+        except (TypeError, ValueError) as e:  # an unexpected key, or a value the module refuses
+            raise CheckpointError(f"{where} ({kind} {cfg['name']!r}): {e}") from None
     return out
 
 
@@ -265,7 +306,10 @@ class PrefixConditioner(nn.Module):
     def __init__(self, config: PrefixConditionerConfig | Mapping[str, Any], output_dim: int) -> None:
         super().__init__()
         if isinstance(config, Mapping):
-            config = PrefixConditionerConfig(**config)
+            try:
+                config = PrefixConditionerConfig(**config)
+            except TypeError as e:
+                raise CheckpointError(f"prefix_conditioner: {e}") from None
         self.output_dim = output_dim
         # Registered before ``conditioners`` so that state_dict() lists keys in the checkpoint's order.
         self.project = _make_projection(config.projection, output_dim, output_dim)
@@ -273,7 +317,7 @@ class PrefixConditioner(nn.Module):
         self.norm = nn.LayerNorm(output_dim, eps=1e-5)
         names = [c.name for c in self.conditioners]
         if len(set(names)) != len(names):
-            raise ValueError(f"conditioner names must be unique, got {names}")
+            raise CheckpointError(f"conditioner names must be unique, got {names}")
 
     @property
     def names(self) -> list[str]:
@@ -298,10 +342,14 @@ class PrefixConditioner(nn.Module):
         (the transformer model has no ``vqscore_8``/``ctc_loss``/``dnsmos_ovrl``/``speaker_noised``).
         Outputs with batch 1 are broadcast to the largest batch.
         """
+        if not isinstance(cond_dict, Mapping):
+            raise ZonosInputError(
+                f"cond_dict must be a dict from zonos.conditioning.make_cond_dict, got {type(cond_dict).__name__}"
+            )
         present = {k for k, v in cond_dict.items() if v is not None}
         missing = self.required_keys - present
         if missing:
-            raise ValueError(
+            raise ZonosInputError(
                 f"cond_dict lacks required key(s) {sorted(missing)}; build it with "
                 "zonos.conditioning.make_cond_dict(text=..., language=...)"
             )
@@ -309,7 +357,7 @@ class PrefixConditioner(nn.Module):
         batch = max(o.shape[0] for o in outs)
         bad = {c.name: o.shape[0] for c, o in zip(self.conditioners, outs) if o.shape[0] not in (1, batch)}
         if bad:
-            raise ValueError(f"conditioner batch sizes must be 1 or {batch}; got {bad}")
+            raise ZonosInputError(f"conditioner batch sizes must be 1 or {batch}; got {bad}")
         # Mixed dtypes only arise from odd inputs; follow the projection (or norm) dtype.
         ref = next(iter(self.project.parameters()), self.norm.weight)
         x = torch.cat([o.to(ref.dtype).expand(batch, -1, -1) for o in outs], dim=1)
@@ -337,17 +385,31 @@ DEFAULT_EMOTION: tuple[float, ...] = (0.3077, 0.0256, 0.0256, 0.0256, 0.0256, 0.
 DEFAULT_UNCONDITIONAL_KEYS: frozenset[str] = frozenset({"vqscore_8", "dnsmos_ovrl"})
 
 
-def _vector(value: Any, n: int, key: str, hint: str = "") -> torch.Tensor:
-    """A float32 vector of exactly n finite values from a number/list/tuple/array/tensor."""
+def _vector(value: Any, n: int, key: str, hint: str = "", dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """A vector of exactly n finite real values from a number/list/tuple/array/tensor (bools, strings and complex
+    values refused; tensors and lists of them alike)."""
     what = "a single number" if n == 1 else f"{n} numbers ({hint})"
+    if n == 1 and not isinstance(value, (torch.Tensor, Sequence)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise ZonosInputError(f"{key} must be a single number, got {value!r} ({type(value).__name__})")
+        if not math.isfinite(value):
+            raise ZonosInputError(f"{key} must be finite, got {value}")
+        return torch.tensor([float(value)], dtype=dtype)
+    if isinstance(value, (str, bytes)) or (
+        isinstance(value, Sequence) and any(isinstance(v, (str, bytes, bool)) for v in value)
+    ):
+        raise ZonosInputError(f"{key} must be {what}, got {value!r}")
     try:
-        t = torch.as_tensor(value, dtype=torch.float32).reshape(-1)
+        t = torch.as_tensor(value)
     except (TypeError, ValueError, RuntimeError) as e:
-        raise ValueError(f"{key} must be {what}, got {value!r}") from e
+        raise ZonosInputError(f"{key} must be {what}, got {value!r} ({e})") from None
+    if t.dtype == torch.bool or t.is_complex():
+        raise ZonosInputError(f"{key} must be {what} (real numbers), got a {t.dtype} tensor")
+    t = t.detach().to("cpu", dtype).reshape(-1)
     if t.numel() != n:
-        raise ValueError(f"{key} must be {what}, got {t.numel()} values")
-    if not bool(torch.isfinite(t).all()):
-        raise ValueError(f"{key} must be finite, got {t.tolist()}")
+        raise ZonosInputError(f"{key} must be {what}, got {t.numel()} values")
+    if not bool(t.isfinite().all()):
+        raise ZonosInputError(f"{key} must be finite, got {t.tolist()}")
     return t
 
 
@@ -392,24 +454,31 @@ def make_cond_dict(
         set the Fourier normalisation).
 
     Raises:
-        ValueError: empty text, unknown language (with suggestions), wrong number of emotion/speaker/vqscore
-            values, an all-zero emotion vector, or an unknown unconditional key.
+        ZonosInputError: empty text, text that phonemises to no sound or holds a lone surrogate, unknown language
+            (with suggestions), wrong number of emotion/speaker/vqscore values, a bool or string where a number
+            is meant, NaN or infinite values, negative or all-zero emotion weights, an unknown unconditional key,
+            or a device this machine does not have. Japanese text without the ``ja`` extra raises
+            :class:`~zonos.conditioning.MissingDependencyError` (also a ZonosInputError).
     """
-    if not isinstance(text, str):
-        raise ValueError(f"text must be a string, got {type(text).__name__}")
-    if not text.strip():
-        raise ValueError("text is empty (or only whitespace); pass the sentence to speak, e.g. text='Hello there.'")
+    check_text(text)
     language = normalize_language(language)
 
     if isinstance(unconditional_keys, str):
         unconditional_keys = {unconditional_keys}
-    drop = set(unconditional_keys or ())
+    try:
+        drop = set(unconditional_keys or ())
+    except TypeError:
+        raise ZonosInputError(
+            f"unconditional_keys must be a list of key names, got {type(unconditional_keys).__name__}"
+        ) from None
     if "espeak" in drop:
-        raise ValueError("'espeak' (the text) cannot be unconditional: it has no learned unconditional vector")
+        raise ZonosInputError("'espeak' (the text) cannot be unconditional: it has no learned unconditional vector")
     unknown = drop - set(COND_KEYS)
     if unknown:
-        raise ValueError(f"unknown unconditional key(s) {sorted(unknown)}; valid keys are {', '.join(COND_KEYS[1:])}")
-    dev = torch.device(device) if device is not None else default_device()
+        raise ZonosInputError(
+            f"unknown unconditional key(s) {sorted(map(str, unknown))}; valid keys are {', '.join(COND_KEYS[1:])}"
+        )
+    dev = check_device("device", device) if device is not None else default_device()
 
     def keep(key: str, value: Any) -> bool:
         return key not in drop and value is not None
@@ -419,10 +488,15 @@ def make_cond_dict(
     if keep("speaker", speaker):
         if isinstance(speaker, torch.Tensor):
             if speaker.numel() != 128:
-                raise ValueError(
+                raise ZonosInputError(
                     f"speaker must hold 128 values (the speaker-embedding model's output), got shape "
                     f"{tuple(speaker.shape)}; pass speaker=None for no speaker conditioning"
                 )
+            if not speaker.is_floating_point():
+                raise ZonosInputError(
+                    f"speaker must be a floating-point embedding (from make_speaker_embedding), got {speaker.dtype}"
+                )
+            check_finite("speaker", speaker, "recompute it with model.make_speaker_embedding(wav, sr)")
             out["speaker"] = speaker.reshape(1, 1, 128)
         else:
             out["speaker"] = _vector(speaker, 128, "speaker", "the speaker-embedding model's output").view(1, 1, 128)
@@ -430,11 +504,15 @@ def make_cond_dict(
         out["speaker"] = None  # explicit None: the learned unconditional speaker vector
 
     if keep("emotion", emotion):
-        e = _vector(emotion, 8, "emotion", "Happiness, Sadness, Disgust, Fear, Surprise, Anger, Other, Neutral")
+        labels = "Happiness, Sadness, Disgust, Fear, Surprise, Anger, Other, Neutral"
+        # float64, so that weights near the float32 limit (e.g. [3e38] * 8) do not overflow when summed
+        e = _vector(emotion, 8, "emotion", labels, dtype=torch.float64)
+        if bool((e < 0).any()):
+            raise ZonosInputError(f"emotion weights must be >= 0 ({labels}), got {e.tolist()}")
         total = float(e.sum())
-        if total == 0.0:
-            raise ValueError("emotion values sum to 0; give at least one non-zero weight (e.g. Neutral = 1)")
-        out["emotion"] = (e / total).view(1, 1, 8)  # the model always sees weights summing to 1
+        if total <= 0.0:
+            raise ZonosInputError("emotion values sum to 0; give at least one non-zero weight (e.g. Neutral = 1)")
+        out["emotion"] = (e / total).float().view(1, 1, 8)  # the model always sees weights summing to 1
 
     for key, value in (("fmax", fmax), ("pitch_std", pitch_std), ("speaking_rate", speaking_rate)):
         if keep(key, value):
@@ -449,6 +527,11 @@ def make_cond_dict(
         if keep(key, value):
             out[key] = _vector(value, 1, key).view(1, 1, 1)
     if keep("speaker_noised", speaker_noised):
-        out["speaker_noised"] = torch.tensor([[[int(bool(speaker_noised))]]], dtype=torch.long)
+        if not isinstance(speaker_noised, (bool, int)) or speaker_noised not in (0, 1):
+            raise ZonosInputError(f"speaker_noised must be True or False, got {speaker_noised!r}")
+        out["speaker_noised"] = torch.tensor([[[int(speaker_noised)]]], dtype=torch.long)
 
+    # Last, as the one step that costs milliseconds: refuse text that phonemises to no sound ('\u200b', '<>').
+    # The result is cached, so the conditioner does not phonemise it again.
+    check_phonemes(text, language, phonemize([text], [language])[0])
     return {k: v.to(dev) if isinstance(v, torch.Tensor) else v for k, v in out.items()}

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import difflib
 
+from zonos.errors import ZonosInputError
+
 # Order matters: it defines language_id and therefore which embedding row the checkpoint uses.
 supported_language_codes: list[str] = """
 af am an ar as az ba bg bn bpy bs ca cmn cs cy da de el en-029 en-gb en-gb-scotland en-gb-x-gbclan
@@ -70,13 +72,13 @@ def normalize_language(language: str) -> str:
     code selects both an eSpeak voice and a learned embedding row.
     """
     if not isinstance(language, str):
-        raise ValueError(f"language must be a string such as 'en-us', got {type(language).__name__}")
+        raise ZonosInputError(f"language must be a string such as 'en-us', got {type(language).__name__}")
     code = language.strip().lower()
     if code in _CODE_TO_ID:
         return code
     hints = suggest_language_codes(language)
     hint = f" Did you mean {', '.join(hints)}?" if hints else ""
-    raise ValueError(
+    raise ZonosInputError(
         f"unsupported language {language!r}.{hint} "
         f"Use one of the {len(supported_language_codes)} codes in zonos.conditioning.supported_language_codes."
     )

@@ -10,6 +10,7 @@ made with); the model was trained with whatever version upstream had, which is n
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import string
@@ -20,6 +21,7 @@ from typing import Any
 
 import torch
 
+from ..errors import ZonosInputError
 from .text_normalization import MissingDependencyError, normalize_text
 
 __all__ = [
@@ -35,12 +37,16 @@ __all__ = [
     "encode_phonemes",
     "tokenize_phonemes",
     "get_espeak_backend",
+    "check_phonemes",
+    "check_text",
+    "has_phonemes",
     "phonemize",
     "phonemize_text",
 ]
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 _NUM_SPECIAL = 4
+_FIRST_SOUND_ID = 28  # ids below are the specials and the 24 punctuation marks
 
 # ids 4..27. Also handed to eSpeak as the punctuation set it must preserve. "<space>" is id 21.
 PUNCTUATION = ';:,.!?¡¿—…"«»“”() *~-/\\&'
@@ -58,6 +64,7 @@ VOCAB_SIZE: int = _NUM_SPECIAL + len(SYMBOLS)  # 189 rows of the phoneme embeddi
 SYMBOL_TO_ID: dict[str, int] = dict((s, i) for i, s in enumerate(SYMBOLS, start=_NUM_SPECIAL))
 
 assert len(PUNCTUATION) == 24 and len(_IPA) == 109 and VOCAB_SIZE == 189
+assert SYMBOL_TO_ID[PUNCTUATION[-1]] == _FIRST_SOUND_ID - 1 and SYMBOL_TO_ID["A"] == _FIRST_SOUND_ID
 
 
 class EspeakNotFoundError(RuntimeError):
@@ -93,7 +100,7 @@ def tokenize_phonemes(phonemes: Sequence[str]) -> tuple[torch.Tensor, list[int]]
     """
     seqs = [[BOS_ID, *encode_phonemes(p), EOS_ID] for p in phonemes]
     if not seqs:
-        raise ValueError("tokenize_phonemes needs at least one phoneme string")
+        raise ZonosInputError("tokenize_phonemes needs at least one phoneme string")
     lengths = [len(s) for s in seqs]
     longest = max(lengths)
     padded = [[PAD_ID] * (longest - len(s)) + s for s in seqs]
@@ -143,7 +150,7 @@ def get_espeak_backend(language: str) -> Any:
         except RuntimeError as e:
             message = str(e)
             if "is not supported by the" in message:  # espeak runs but lacks this voice
-                raise ValueError(
+                raise ZonosInputError(
                     f"the installed eSpeak-NG has no voice {language!r} ({message}); "
                     "upgrade espeak-ng or pick another language code"
                 ) from e
@@ -155,34 +162,86 @@ def get_espeak_backend(language: str) -> Any:
 
 
 def clear_espeak_cache() -> None:
-    """Forget the cached eSpeak backends (e.g. after changing PHONEMIZER_ESPEAK_LIBRARY)."""
+    """Forget the cached eSpeak backends and phonemisations (e.g. after changing PHONEMIZER_ESPEAK_LIBRARY)."""
     with _lock:
         _backends.clear()
+    _phonemize_cached.cache_clear()
+
+
+def check_text(text: object, name: str = "text") -> str:
+    """A text to speak: a ``str`` that is not blank and encodes as UTF-8 (a lone surrogate such as ``'\\ud800'``,
+    e.g. from a badly decoded command line, cannot reach eSpeak). Raises :class:`ZonosInputError`."""
+    if not isinstance(text, str):
+        raise ZonosInputError(f"{name} must be a string, got {type(text).__name__}")
+    if not text.strip():
+        raise ZonosInputError(
+            f"{name} is empty (or only whitespace); pass the sentence to speak, e.g. text='Hello there.'"
+        )
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ZonosInputError(
+            f"{name} holds a lone surrogate {text[e.start]!r} at position {e.start}, which is not valid Unicode "
+            "text; decode the input as UTF-8 (e.g. with errors='replace') or remove that character"
+        ) from None
+    return text
+
+
+def has_phonemes(phonemes: str) -> bool:
+    """Whether a phoneme string holds at least one sound: a letter or IPA symbol, not only punctuation,
+    spaces and unknown code points."""
+    return any(SYMBOL_TO_ID.get(ch, UNK_ID) >= _FIRST_SOUND_ID for ch in phonemes)
+
+
+def check_phonemes(text: str, language: str, phonemes: str, name: str = "text") -> None:
+    """Raise :class:`ZonosInputError` when ``text`` phonemised to no sound (``'\\u200b'``, ``'<>'``, ``'_'``,
+    ``'\\x00'``...): the model would speak without text conditioning."""
+    if not has_phonemes(phonemes):
+        raise ZonosInputError(
+            f"{name} {text[:40]!r} has nothing eSpeak can pronounce in language {language!r} (phonemes: "
+            f"{phonemes!r}); pass words to speak, in the script of that language"
+        )
+
+
+def _phonemize_one(text: str, language: str) -> str:
+    """One text's phonemes. The backend is looked up first, so the cache never answers for a backend that has
+    since been replaced or cleared."""
+    return _phonemize_cached(get_espeak_backend(language), text, language)
+
+
+@functools.lru_cache(maxsize=256)
+def _phonemize_cached(backend: Any, text: str, language: str) -> str:
+    """Cached: ``make_cond_dict`` checks a text and the conditioner then embeds it, and a server sees the same
+    short texts again and again (eSpeak's output is deterministic)."""
+    normalized = normalize_text(text, language)
+    with _lock:
+        return backend.phonemize([normalized], strip=True)[0]
 
 
 def _check_batch(texts: Sequence[str], languages: Sequence[str]) -> tuple[list[str], list[str]]:
     if isinstance(texts, str) or isinstance(languages, str):
-        raise ValueError("texts and languages must be lists of strings, e.g. (['Hello.'], ['en-us'])")
-    texts, languages = list(texts), list(languages)
+        raise ZonosInputError("texts and languages must be lists of strings, e.g. (['Hello.'], ['en-us'])")
+    try:
+        texts, languages = list(texts), list(languages)
+    except TypeError:
+        raise ZonosInputError("texts and languages must be lists of strings, e.g. (['Hello.'], ['en-us'])") from None
     if len(languages) == 1 and len(texts) > 1:
         languages = languages * len(texts)  # one language for the whole batch
     if len(texts) != len(languages):
-        raise ValueError(f"got {len(texts)} texts but {len(languages)} languages; give one language per text")
+        raise ZonosInputError(f"got {len(texts)} texts but {len(languages)} languages; give one language per text")
     if not texts:
-        raise ValueError("no texts to phonemize")
+        raise ZonosInputError("no texts to phonemize")
+    for i, (text, language) in enumerate(zip(texts, languages)):
+        check_text(text, f"texts[{i}]")
+        if not isinstance(language, str):
+            raise ZonosInputError(f"languages[{i}] must be a string such as 'en-us', got {type(language).__name__}")
     return texts, [lang.lower() for lang in languages]
 
 
 def phonemize(texts: Sequence[str], languages: Sequence[str]) -> list[str]:
     """Normalise and phonemise each text with the eSpeak voice of its language; one phoneme string per text."""
     texts, languages = _check_batch(texts, languages)
-    out: list[str] = []
-    for text, language in zip(texts, languages):
-        normalized = normalize_text(text, language)
-        backend = get_espeak_backend(language)
-        with _lock:
-            out.append(backend.phonemize([normalized], strip=True)[0])
-    return out
+    return [_phonemize_one(text, language) for text, language in zip(texts, languages)]
 
 
 def phonemize_text(texts: Sequence[str], languages: Sequence[str]) -> list[list[int]]:

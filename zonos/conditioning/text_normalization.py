@@ -15,6 +15,8 @@ import unicodedata
 from functools import lru_cache
 from typing import Any
 
+from zonos.errors import ZonosInputError
+
 __all__ = [
     "MissingDependencyError",
     "normalize_numbers",
@@ -23,8 +25,9 @@ __all__ = [
 ]
 
 
-class MissingDependencyError(ImportError):
-    """An optional dependency needed for this input is not installed."""
+class MissingDependencyError(ZonosInputError, ImportError):
+    """An optional dependency needed for this input is not installed (e.g. Japanese text without the ``ja``
+    extra). A :class:`~zonos.errors.ZonosInputError`, so front ends show its message; also an ImportError."""
 
 
 _JA_INSTALL_HINT = "install the Japanese extras with: pip install 'zonos-accel[ja]'"
@@ -32,12 +35,25 @@ _JA_INSTALL_HINT = "install the Japanese extras with: pip install 'zonos-accel[j
 # --- English number expansion -------------------------------------------------------------------------------
 # The steps run in this order; later steps see the output of earlier ones (e.g. "$2.50" becomes "2 dollars,
 # 50 cents" and the integers are spelled out by the last step).
-_THOUSANDS_RE = re.compile(r"[0-9][0-9,]+[0-9]")
+# Only well-formed groups ("1,000,000"): a list such as "1,2,3" keeps its commas and is read number by number.
+_THOUSANDS_RE = re.compile(r"(?<![0-9,])[0-9]{1,3}(?:,[0-9]{3})+(?![0-9]|,[0-9])")
 _POUNDS_RE = re.compile(r"£([0-9,]*[0-9]+)")
 _DOLLARS_RE = re.compile(r"\$([0-9.,]*[0-9]+)")
 _DECIMAL_RE = re.compile(r"[0-9]+\.[0-9]+")
 _ORDINAL_RE = re.compile(r"[0-9]+(?:st|nd|rd|th)")
 _INTEGER_RE = re.compile(r"[0-9]+")
+# inflect spells integers below 10**36 only; longer digit strings (an ID, a pasted hash) are read digit by digit,
+# as a person reads them. This also keeps Python's int() away from strings past its 4300-digit limit.
+MAX_SPELLED_DIGITS = 36
+_DIGIT_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
+
+
+def _digit_by_digit(digits: str) -> str:
+    return " ".join(_DIGIT_WORDS[int(d)] for d in digits)
+
+
+def _too_long(digits: str) -> bool:
+    return len(digits.lstrip("0")) > MAX_SPELLED_DIGITS
 
 
 @lru_cache(maxsize=1)
@@ -57,8 +73,11 @@ def _dollars(m: re.Match) -> str:
     if len(parts) > 2:  # "1.2.3": not an amount we can read; keep the digits
         return f"{amount} dollars"
     # Commas were removed earlier for well-formed numbers; strip stray ones so int() cannot fail.
-    whole = int(parts[0].replace(",", "") or 0)
-    cents = int(parts[1].replace(",", "") or 0) if len(parts) == 2 else 0
+    whole_digits = parts[0].replace(",", "") or "0"
+    cents_digits = (parts[1].replace(",", "") or "0") if len(parts) == 2 else "0"
+    if _too_long(whole_digits) or _too_long(cents_digits):
+        return f"{whole_digits} dollars" + (f" {cents_digits} cents" if len(parts) == 2 else "")
+    whole, cents = int(whole_digits), int(cents_digits)
     # The digits after the point are read as an integer ("$1.5" -> 5 cents), as in training.
     if whole and cents:
         return f"{_plural(whole, 'dollar')}, {_plural(cents, 'cent')}"
@@ -70,12 +89,18 @@ def _dollars(m: re.Match) -> str:
 
 
 def _ordinal(m: re.Match) -> str:
-    return _inflect_engine().number_to_words(m.group(0))
+    text = m.group(0)
+    if _too_long(text[:-2]):
+        return f"{_digit_by_digit(text[:-2])} {text[-2:]}"
+    return _inflect_engine().number_to_words(text)
 
 
 def _integer(m: re.Match) -> str:
+    digits = m.group(0)
+    if _too_long(digits):
+        return _digit_by_digit(digits)
     words = _inflect_engine().number_to_words
-    n = int(m.group(0))
+    n = int(digits)
     if 1000 < n < 3000:  # read like a year
         if n == 2000:
             return "two thousand"
@@ -89,7 +114,8 @@ def _integer(m: re.Match) -> str:
 
 
 def normalize_numbers(text: str) -> str:
-    """Spell out numbers, currency, decimals and ordinals in English words.
+    """Spell out numbers, currency, decimals and ordinals in English words. Never raises: digit strings longer
+    than :data:`MAX_SPELLED_DIGITS` are read digit by digit.
 
     >>> normalize_numbers("$2.50 in 1984")
     'two dollars, fifty cents in nineteen eighty-four'
@@ -134,8 +160,14 @@ def normalize_japanese(text: str) -> str:
     tokenizer = _sudachi_tokenizer()
     split_mode_a = _import_optional("sudachipy").SplitMode.A
     text = unicodedata.normalize("NFKC", text)
-    text = re.sub(r"\d+", lambda m: kanjize.number2kanji(int(m.group(0))), text)
+    text = re.sub(r"\d+", lambda m: _kanji_number(kanjize, m.group(0)), text)
     return " ".join(token.reading_form() for token in tokenizer.tokenize(text, split_mode_a))
+
+
+def _kanji_number(kanjize: Any, digits: str) -> str:
+    if _too_long(digits):  # past the named units: one numeral per digit
+        return "".join(kanjize.number2kanji(int(d)) if d != "0" else "〇" for d in digits)
+    return kanjize.number2kanji(int(digits))
 
 
 def normalize_text(text: str, language: str) -> str:

@@ -13,10 +13,12 @@ Typical use::
 from zonos.speaker.embedding import (
     DEFAULT_REPO,
     LDA_FILE,
+    MAX_SECONDS,
     MIN_SECONDS,
     NETWORK_FILE,
     SpeakerCheckpointError,
     SpeakerEmbedding,
+    load_speaker_embedding,
     load_state_dict_strict,
 )
 from zonos.speaker.features import SAMPLE_RATE, LogMelFeatures, mel_filterbank
@@ -26,6 +28,7 @@ __all__ = [
     "DEFAULT_REPO",
     "NETWORK_FILE",
     "LDA_FILE",
+    "MAX_SECONDS",
     "MIN_SECONDS",
     "SAMPLE_RATE",
     "SpeakerEmbedding",
@@ -34,5 +37,6 @@ __all__ = [
     "ResNetSimAMASP",
     "LogMelFeatures",
     "mel_filterbank",
+    "load_speaker_embedding",
     "load_state_dict_strict",
 ]

@@ -16,9 +16,10 @@ import torch
 import torch.nn as nn
 from torch import Tensor
 
-from zonos.audio import resample
+from zonos.audio import check_sample_rate, check_waveform, resample
 from zonos.checkpoint import CheckpointMismatchError, check_state_dict
-from zonos.hub import resolve_file
+from zonos.errors import ZonosInputError
+from zonos.hub import CheckpointNotAvailableError, resolve_file
 from zonos.speaker.features import SAMPLE_RATE, LogMelFeatures
 from zonos.speaker.network import ResNetSimAMASP, SpeakerNetConfig
 
@@ -26,9 +27,11 @@ __all__ = [
     "DEFAULT_REPO",
     "NETWORK_FILE",
     "LDA_FILE",
+    "MAX_SECONDS",
     "MIN_SECONDS",
     "SpeakerCheckpointError",
     "SpeakerEmbedding",
+    "load_speaker_embedding",
     "load_state_dict_strict",
 ]
 
@@ -36,6 +39,9 @@ DEFAULT_REPO = "Zyphra/Zonos-v0.1-speaker-embedding"
 NETWORK_FILE = "ResNet293_SimAM_ASP_base.pt"
 LDA_FILE = "ResNet293_SimAM_ASP_base_LDA-128.pt"
 MIN_SECONDS = 0.5  # shorter clips carry too little speech for a usable voice embedding
+# Longer clips are trimmed to their first MAX_SECONDS before resampling: the network's cost grows with the clip
+# (its widest activation is 64 x 80 x frames floats, 61 MB at 30 s) and a voice is well captured by then.
+MAX_SECONDS = 30.0
 SILENCE_RMS = 1e-6  # below this the log-mel features are just the 1e-6 floor: nothing to embed
 
 
@@ -73,7 +79,7 @@ def load_state_dict_strict(module: nn.Module, state_dict: object, source: str) -
 def _torch_load(path: str | os.PathLike, mmap: bool) -> object:
     path = os.fspath(path)
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"speaker-embedding checkpoint not found: {path}")
+        raise CheckpointNotAvailableError(f"speaker-embedding checkpoint not found: {path}")
     try:
         return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except Exception as e:  # unpickling, zip and mmap errors come as several types
@@ -86,42 +92,73 @@ def _torch_load(path: str | os.PathLike, mmap: bool) -> object:
 
 
 def _check_waveform(wav: Tensor | np.ndarray, sr: int) -> tuple[Tensor, int]:
-    """Validate one clip; return it as ``[channels, samples]`` and ``sr`` as an int."""
-    if isinstance(wav, np.ndarray):
-        wav = torch.from_numpy(wav)
-    if not isinstance(wav, Tensor):
-        raise TypeError(f"wav must be a torch.Tensor or numpy array, got {type(wav).__name__}")
-    if isinstance(sr, bool) or not isinstance(sr, (int, float, np.integer, np.floating)) or sr <= 0 or sr != int(sr):
-        raise ValueError(f"sample rate must be a positive whole number of Hz, got {sr!r}")
-    sr = int(sr)
-    if wav.dim() not in (1, 2):
-        raise ValueError(
+    """Validate one clip; return it as ``[channels, samples]`` (trimmed to :data:`MAX_SECONDS`) and ``sr``."""
+    sr = check_sample_rate(sr)
+    if isinstance(wav, (Tensor, np.ndarray)) and wav.ndim not in (1, 2):
+        raise ZonosInputError(
             f"expected one clip as [samples] or [channels, samples], got shape {tuple(wav.shape)}; "
             "embed clips one at a time"
         )
-    if not torch.is_floating_point(wav):
-        raise ValueError(
-            f"wav must be floating point with samples in [-1, 1], got {wav.dtype}; "
-            "e.g. convert int16 PCM with wav.float() / 32768"
-        )
-    wav = wav if wav.dim() == 2 else wav[None]
-    if wav.numel() == 0:
-        raise ValueError(f"the clip is empty (shape {tuple(wav.shape)}); pass a recording of the speaker's voice")
-    if wav.shape[0] > wav.shape[1]:
-        raise ValueError(
+    if isinstance(wav, (Tensor, np.ndarray)) and wav.ndim == 2 and wav.shape[0] > wav.shape[1]:
+        raise ZonosInputError(
             f"got shape {tuple(wav.shape)}, which looks like [samples, channels]; pass [channels, samples] "
             "(transpose it, e.g. wav.T)"
         )
+    if isinstance(wav, (Tensor, np.ndarray)) and wav.shape[-1] > MAX_SECONDS * sr:
+        # Trimmed before any other pass over the samples, so a long upload costs no more than MAX_SECONDS.
+        wav = wav[..., : int(MAX_SECONDS * sr)]
+    wav = check_waveform(wav, "the speaker clip")
+    wav = wav if wav.dim() == 2 else wav[None]
     seconds = wav.shape[1] / sr
     if seconds < MIN_SECONDS:
-        raise ValueError(
+        raise ZonosInputError(
             f"the clip is too short: {wav.shape[1]} samples at {sr} Hz = {seconds:.3f} s; the speaker "
             f"embedding needs at least {MIN_SECONDS} s ({int(np.ceil(MIN_SECONDS * sr))} samples), and "
             "several seconds of clean speech work best"
         )
-    if not bool(torch.isfinite(wav).all()):
-        raise ValueError("the clip contains NaN or infinite samples")
     return wav, sr
+
+
+_AUDIO_MAGIC = (b"RIFF", b"fLaC", b"OggS", b"ID3", b"FORM", b"\xff\xfb", b"\xff\xf3", b"\xff\xf2")
+
+
+def load_speaker_embedding(path: str | os.PathLike, device: str | torch.device = "cpu") -> Tensor:
+    """Read a speaker embedding saved with ``torch.save`` (what ``sample.py --speaker-embedding`` takes): a
+    tensor of 128 finite values, returned as ``[1, 1, 128]`` on ``device`` in its saved dtype.
+
+    Raises :class:`~zonos.errors.ZonosInputError` naming the file when it is missing, is an audio file (embed
+    that with ``make_speaker_embedding`` / ``--speaker-audio`` instead), cannot be read, or does not hold such
+    a tensor.
+    """
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise ZonosInputError(f"speaker embedding file not found: {path}")
+    with open(path, "rb") as f:
+        head = f.read(4)
+    if head.startswith(_AUDIO_MAGIC):
+        raise ZonosInputError(
+            f"{path} is an audio file, not a saved speaker embedding; pass it as the speaker audio instead "
+            "(sample.py --speaker-audio, or model.make_speaker_embedding(*load_audio(path)))"
+        )
+    try:
+        value = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # unpickling and zip errors come as several types
+        raise ZonosInputError(
+            f"could not read {path} as a speaker embedding saved with torch.save ({type(e).__name__}: {e})"
+        ) from None
+    if not isinstance(value, Tensor) or value.numel() != 128 or not value.is_floating_point():
+        what = (
+            f"a {value.dtype} tensor of shape {tuple(value.shape)}"
+            if isinstance(value, Tensor)
+            else type(value).__name__
+        )
+        raise ZonosInputError(
+            f"{path} holds {what}; a speaker embedding is 128 floating-point values, as saved by "
+            "torch.save(model.make_speaker_embedding(wav, sr), path)"
+        )
+    if not bool(value.isfinite().all()):
+        raise ZonosInputError(f"{path} holds NaN or infinite values; recompute the speaker embedding")
+    return value.reshape(1, 1, 128).to(device)
 
 
 class SpeakerEmbedding(nn.Module):
@@ -221,7 +258,7 @@ class SpeakerEmbedding(nn.Module):
         mono = wav.to(self.device, torch.float32).mean(dim=0, keepdim=True)
         rms = float(mono.double().square().mean().sqrt())
         if rms < SILENCE_RMS:
-            raise ValueError(
+            raise ZonosInputError(
                 f"the clip is silent (RMS {rms:.2e}); pass a recording of the speaker's voice "
                 "(check that the file was read correctly and is not all zeros)"
             )
@@ -239,8 +276,11 @@ class SpeakerEmbedding(nn.Module):
     def embed(self, wav: Tensor | np.ndarray, sr: int) -> Tensor:
         """The Zonos speaker embedding of one clip: ``[1, 1, 128]`` bfloat16 on the model's device.
 
-        ``wav`` is ``[samples]`` or ``[channels, samples]`` (channels are averaged), floating point in
-        [-1, 1], at any sample rate ``sr``; at least 0.5 s long and not silent, else ``ValueError``.
+        ``wav`` is ``[samples]`` or ``[channels, samples]`` (channels are averaged), finite floating point in
+        [-1, 1] (a clip scaled like int16 PCM is rescaled with a warning), at a sample rate ``sr`` of
+        8000..768000 Hz; at least :data:`MIN_SECONDS` long and not silent, else
+        :class:`~zonos.errors.ZonosInputError`. Only the first :data:`MAX_SECONDS` (30 s) are used: longer
+        clips are trimmed, so the cost is bounded whatever the upload.
         As upstream ``Zonos.make_speaker_embedding`` does, this is the LDA output (not the raw 256-d
         embedding), given a leading ``[1, 1]`` shape and cast to bfloat16; it is what
         ``make_cond_dict(speaker=...)`` expects.

@@ -6,6 +6,14 @@ graphs, and SDPA with a mask and GQA falls back to the math kernels, which also 
 grids here are fixed too, but each program reads the position from the device and loops only over the
 rows its queries see, so the bytes read grow with the sequence, not with max_seqlen.
 
+The position is a device scalar shared by the batch or one per row, (b,) (the engine's slots sit at different
+positions); the ``PER_ROW`` constexpr picks which, so a shared position costs no per-row address arithmetic
+(sm_90 PTX: the per-row form adds one multiply-add). A row's programs depend on nothing but that row, so a
+batch gives, row for row, bit for bit what each row gives alone. Positions at or past max_seqlen are clamped
+to the last row, which is what the references' masks do with them (every row visible): nothing is read or
+written outside the cache, and the split counters return to zero. Negative positions are the caller's
+error: no access is out of bounds, but the output is unspecified (the references give NaN).
+
 - Decode (one token): programs over batch × kv heads × splits of the cache; each handles every query head
   of its kv head (GQA without copies: the G query heads padded to a 16-row tile) with tensor-core products
   and an online softmax in float32; the split that finishes last merges the partials of all (one launch).
@@ -21,6 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
+from zonos.errors import ZonosInputError
 from zonos_accel.triton import pdl
 from zonos_accel.triton.pdl import enter
 
@@ -49,6 +58,8 @@ def _decode_kernel(
     kv_heads,
     chunk,
     n_splits,
+    max_seqlen,
+    stride_pb,
     stride_qb,
     stride_qh,
     stride_kb,
@@ -65,6 +76,7 @@ def _decode_kernel(
     DP: tl.constexpr,
     BLOCK: tl.constexpr,
     PRECISION: tl.constexpr,
+    PER_ROW: tl.constexpr,
     GDC: tl.constexpr,
 ):
     enter(GDC)
@@ -76,7 +88,11 @@ def _decode_kernel(
     d = tl.arange(0, DP)
     g_ok = g < G
     d_ok = d < D
-    last = tl.load(pos_ptr)
+    if PER_ROW:
+        pos_ptr += b * stride_pb
+    # Clamped: past the cache, every row is visible (as in the reference) and every split is in the grid, so the
+    # merging split still arrives and resets the row's counter.
+    last = tl.minimum(tl.load(pos_ptr), max_seqlen - 1)
     active = last // chunk + 1  # splits that hold rows at or before the position; the others exit
     start = split * chunk
     if split < active:
@@ -141,19 +157,38 @@ def _decode_kernel(
                 tl.atomic_xchg(count_ptr + bh, 0, sem="relaxed", scope="gpu")
 
 
-# Split counters of the decode kernel, one set per KV cache (so models decoding concurrently on one device never
-# share one): zero between calls (the merging split resets its own), never freed, because CUDA graphs captured
-# earlier keep their addresses.
+# Split counters of the decode kernel, one per (batch row, kv head) of a KV cache (so models decoding
+# concurrently on one device never share one). Each counts the arrivals of its own row's splits against that
+# row's own position, so rows at different positions never mix. Zero between calls (the merging split resets
+# its own). Never freed: CUDA graphs captured earlier keep their addresses, and a graph holds no reference, so
+# a set outgrown by a larger batch stays in _outgrown. The first set covers COUNTER_ROWS rows, so slot buckets
+# up to that batch on one cache (views of it share its address) all use one set.
+COUNTER_ROWS = 512
 _counters: dict[tuple[torch.device, int], torch.Tensor] = {}
+_outgrown: list[torch.Tensor] = []
 
 
-def _split_counters(k_cache: torch.Tensor, n: int) -> torch.Tensor:
+def _split_counters(k_cache: torch.Tensor, rows: int, kv_heads: int) -> torch.Tensor:
     key = (k_cache.device, k_cache.data_ptr())
     counters = _counters.get(key)
-    if counters is None or counters.numel() < n:
-        counters = torch.zeros(max(n, 256), device=k_cache.device, dtype=torch.int32)
-        _counters[key] = counters  # a smaller one it replaces stays alive in the graphs that use it
+    if counters is None or counters.numel() < rows * kv_heads:
+        if counters is not None:
+            _outgrown.append(counters)
+        counters = torch.zeros(max(rows, COUNTER_ROWS) * kv_heads, device=k_cache.device, dtype=torch.int32)
+        _counters[key] = counters
     return counters
+
+
+def _row_positions(position: torch.Tensor, b: int, op: str) -> tuple[int, bool]:
+    """(row stride, per row?) of an attention op's ``position``: a device scalar shared by the batch, or (b,)."""
+    if position.numel() == 1:
+        return 0, False  # also a (1,) position of a one-row batch: the shared form's kernel
+    if position.shape != (b,):
+        raise ZonosInputError(
+            f"{op}: position has shape {tuple(position.shape)}; pass a device scalar shared by the batch "
+            f"or one position per row, shape ({b},)"
+        )
+    return position.stride(0), True
 
 
 def decode_attention(
@@ -167,6 +202,7 @@ def decode_attention(
     q = q[:, 0]
     if q.stride(-1) != 1:
         q = q.contiguous()
+    stride_pb, per_row = _row_positions(position, b, "decode_attention")
     g = hq // hkv
     dp = max(16, triton.next_power_of_2(d))
     n_splits = triton.cdiv(max_seqlen, CHUNK)
@@ -181,11 +217,13 @@ def decode_attention(
         out,
         acc,
         ml,
-        _split_counters(k_cache, b * hkv),
+        _split_counters(k_cache, b, hkv),
         1.0 / math.sqrt(d),
         hkv,
         CHUNK,
         n_splits,
+        max_seqlen,
+        stride_pb,
         q.stride(0),
         q.stride(1),
         k_cache.stride(0),
@@ -202,6 +240,7 @@ def decode_attention(
         DP=dp,
         BLOCK=BLOCK_S,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        PER_ROW=per_row,
         num_warps=SPLIT_WARPS,
         **pdl.options(q.device),
     )
@@ -219,6 +258,8 @@ def _prefill_kernel(
     n,
     heads,
     group,
+    max_seqlen,
+    stride_pb,
     stride_qb,
     stride_ql,
     stride_qh,
@@ -236,6 +277,7 @@ def _prefill_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     PRECISION: tl.constexpr,
+    PER_ROW: tl.constexpr,
     GDC: tl.constexpr,
 ):
     enter(GDC)
@@ -244,6 +286,8 @@ def _prefill_kernel(
     b = bh // heads
     hq = bh % heads
     hk = hq // group
+    if PER_ROW:
+        pos_ptr += b * stride_pb
     first = tl.load(pos_ptr)  # cache row of the piece's first token
     i = block * BLOCK_M + tl.arange(0, BLOCK_M)  # query tokens of this program, within the piece
     d = tl.arange(0, DP)
@@ -255,7 +299,8 @@ def _prefill_kernel(
         other=0.0,
     )
     last = first + i  # query i sees rows 0 .. first + i
-    end = first + tl.minimum(n, (block + 1) * BLOCK_M)  # rows any real query of the block sees: [0, end)
+    # Rows any real query of the block sees: [0, end), within the cache (a query past it sees every row).
+    end = tl.minimum(first + tl.minimum(n, (block + 1) * BLOCK_M), max_seqlen)
     m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     l = tl.zeros((BLOCK_M,), tl.float32)
     acc = tl.zeros((BLOCK_M, DP), tl.float32)
@@ -286,9 +331,10 @@ def prefill_attention(
 ) -> torch.Tensor:
     """Same contract as :func:`zonos.ops.attention.prefill_attention` (the reference it is tested against)."""
     b, n, hq, d = q.shape
-    hkv = k_cache.shape[2]
+    _, max_seqlen, hkv, _ = k_cache.shape
     if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
         raise ValueError("prefill_attention needs caches contiguous in the head dimension")
+    stride_pb, per_row = _row_positions(position, b, "prefill_attention")
     if q.stride(-1) != 1:
         q = q.contiguous()
     out = torch.empty(b, n, hq, d, device=q.device, dtype=q.dtype)
@@ -303,6 +349,8 @@ def prefill_attention(
         n,
         hq,
         hq // hkv,
+        max_seqlen,
+        stride_pb,
         q.stride(0),
         q.stride(1),
         q.stride(2),
@@ -320,6 +368,7 @@ def prefill_attention(
         BLOCK_M=block_m,
         BLOCK_N=PREFILL_BLOCK_N,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        PER_ROW=per_row,
         **pdl.options(q.device),
     )
     return out

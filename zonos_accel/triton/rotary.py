@@ -6,6 +6,13 @@ attention layer at decode. Here each program handles one head vector of one toke
 into the returned queries, a key head is rotated straight into its cache row, a value head is copied into
 its cache row. cos and sin are computed in place from the position and rounded to the activation dtype, as
 the reference rounds its tables.
+
+Positions are (l,), shared by the batch, or (b, l), each row's own (the engine's slots sit at different
+positions); the ``PER_ROW`` constexpr picks which, so shared positions cost no per-row address arithmetic.
+Every program depends only on its own token, so a batch gives, row for row, bit for bit what each row gives
+alone. A token whose position lies outside the cache (< 0 or >= max_seqlen, which the caller rules out)
+still gets its rotated query, but its key and value are dropped: nothing is written outside the cache (the
+reference's ``index_copy_`` / ``scatter_`` fail there instead).
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
+from zonos.errors import ZonosInputError
 from zonos.ops.rotary import rotate_and_cache as _reference
 from zonos_accel.triton import pdl
 from zonos_accel.triton.pdl import enter
@@ -44,6 +52,8 @@ def _rotate_and_cache_kernel(
     seqlen,
     hq,
     hk,
+    max_seqlen,
+    stride_pb,
     stride_qb,
     stride_ql,
     stride_qh,
@@ -61,6 +71,7 @@ def _rotate_and_cache_kernel(
     HALF_P: tl.constexpr,
     DP: tl.constexpr,
     INTERLEAVED: tl.constexpr,
+    PER_ROW: tl.constexpr,
     GDC: tl.constexpr,
 ):
     enter(GDC)
@@ -68,41 +79,46 @@ def _rotate_and_cache_kernel(
     head = tl.program_id(1)  # query heads, then key heads, then value heads
     b = token // seqlen
     l = token % seqlen
+    if PER_ROW:
+        pos_ptr += b * stride_pb
     pos = tl.load(pos_ptr + l)
-    if head < hq:
-        src = q_ptr + b * stride_qb + l * stride_ql + head * stride_qh
-        dst = q_out_ptr + (token * hq + head) * d
-    elif head < hq + hk:
-        src = k_ptr + b * stride_kb + l * stride_kl + (head - hq) * stride_kh
-        dst = k_cache_ptr + b * stride_cb + pos * stride_cs + (head - hq) * stride_ch
-    else:
-        src = v_ptr + b * stride_vb + l * stride_vl + (head - hq - hk) * stride_vh
-        dst = v_cache_ptr + b * stride_cb + pos * stride_cs + (head - hq - hk) * stride_ch
-    j = tl.arange(0, HALF_P)
-    j_ok = j < HALF
-    if INTERLEAVED:
-        i1 = 2 * j
-        i2 = 2 * j + 1
-    else:
-        i1 = j
-        i2 = j + HALF
-    x1 = tl.load(src + i1, mask=j_ok, other=0.0)
-    x2 = tl.load(src + i2, mask=j_ok, other=0.0)
-    if head < hq + hk:
-        dtype = q_out_ptr.dtype.element_ty
-        angle = pos.to(tl.float32) * tl.load(inv_freq_ptr + j, mask=j_ok, other=0.0)
-        cos = libdevice.cos(angle).to(dtype).to(tl.float32)
-        sin = libdevice.sin(angle).to(dtype).to(tl.float32)
-        f1 = x1.to(tl.float32)
-        f2 = x2.to(tl.float32)
-        tl.store(dst + i1, (f1 * cos - f2 * sin).to(dtype), mask=j_ok)
-        tl.store(dst + i2, (f1 * sin + f2 * cos).to(dtype), mask=j_ok)
-    else:
-        tl.store(dst + i1, x1, mask=j_ok)
-        tl.store(dst + i2, x2, mask=j_ok)
-    rest = tl.arange(0, DP)
-    rest_ok = (rest >= 2 * HALF) & (rest < d)
-    tl.store(dst + rest, tl.load(src + rest, mask=rest_ok, other=0.0), mask=rest_ok)
+    # A key or value whose position lies outside the cache is dropped: its program does nothing. (A branch, not
+    # store masks: Triton 3.9's interpreter turns a scalar condition broadcast into a mask into integers.)
+    if (head < hq) | ((pos >= 0) & (pos < max_seqlen)):
+        if head < hq:
+            src = q_ptr + b * stride_qb + l * stride_ql + head * stride_qh
+            dst = q_out_ptr + (token * hq + head) * d
+        elif head < hq + hk:
+            src = k_ptr + b * stride_kb + l * stride_kl + (head - hq) * stride_kh
+            dst = k_cache_ptr + b * stride_cb + pos * stride_cs + (head - hq) * stride_ch
+        else:
+            src = v_ptr + b * stride_vb + l * stride_vl + (head - hq - hk) * stride_vh
+            dst = v_cache_ptr + b * stride_cb + pos * stride_cs + (head - hq - hk) * stride_ch
+        j = tl.arange(0, HALF_P)
+        j_ok = j < HALF
+        if INTERLEAVED:
+            i1 = 2 * j
+            i2 = 2 * j + 1
+        else:
+            i1 = j
+            i2 = j + HALF
+        x1 = tl.load(src + i1, mask=j_ok, other=0.0)
+        x2 = tl.load(src + i2, mask=j_ok, other=0.0)
+        if head < hq + hk:
+            dtype = q_out_ptr.dtype.element_ty
+            angle = pos.to(tl.float32) * tl.load(inv_freq_ptr + j, mask=j_ok, other=0.0)
+            cos = libdevice.cos(angle).to(dtype).to(tl.float32)
+            sin = libdevice.sin(angle).to(dtype).to(tl.float32)
+            f1 = x1.to(tl.float32)
+            f2 = x2.to(tl.float32)
+            tl.store(dst + i1, (f1 * cos - f2 * sin).to(dtype), mask=j_ok)
+            tl.store(dst + i2, (f1 * sin + f2 * cos).to(dtype), mask=j_ok)
+        else:
+            tl.store(dst + i1, x1, mask=j_ok)
+            tl.store(dst + i2, x2, mask=j_ok)
+        rest = tl.arange(0, DP)
+        rest_ok = (rest >= 2 * HALF) & (rest < d)
+        tl.store(dst + rest, tl.load(src + rest, mask=rest_ok, other=0.0), mask=rest_ok)
 
 
 def rotate_and_cache(
@@ -119,6 +135,14 @@ def rotate_and_cache(
     """Same contract as :func:`zonos.ops.rotary.rotate_and_cache` (the reference it is tested against)."""
     b, l, hq, d = q.shape
     hk = k.shape[2]
+    if positions.dim() == 2 and positions.shape[0] == 1:
+        positions = positions[0]  # one row: the shared form's kernel
+    per_row = positions.dim() == 2
+    if positions.shape != ((b, l) if per_row else (l,)):
+        raise ZonosInputError(
+            f"rotate_and_cache: positions has shape {tuple(positions.shape)}; pass ({l},) shared by the batch "
+            f"or ({b}, {l}), one row of positions per batch row"
+        )
     same = k_cache.dtype == v_cache.dtype == q.dtype == k.dtype == v.dtype and k_cache.stride() == v_cache.stride()
     if not rotary_dim or not same or k_cache.stride(-1) != 1 or any(t.stride(-1) != 1 for t in (q, k, v)):
         return _reference(q, k, v, k_cache, v_cache, positions, rotary_dim, base, interleaved)
@@ -138,6 +162,8 @@ def rotate_and_cache(
         l,
         hq,
         hk,
+        k_cache.shape[1],
+        positions.stride(0) if per_row else 0,
         *q.stride()[:3],
         *k.stride()[:3],
         *v.stride()[:3],
@@ -147,6 +173,7 @@ def rotate_and_cache(
         HALF_P=triton.next_power_of_2(half),
         DP=triton.next_power_of_2(d),
         INTERLEAVED=interleaved,
+        PER_ROW=per_row,
         num_warps=1,
         **pdl.options(q.device),
     )

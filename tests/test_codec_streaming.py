@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import zonos.ops
+from zonos.ops.backend import REFERENCE, use_backend
 from tests.replay_on_cpu import emulate_cuda_graphs
 from tests.tiny import TINY_DAC, random_dac_weights
 from zonos.codec import DAC, DACAutoencoder, DACConfig, StreamingDACDecoder, receptive_field
@@ -478,29 +478,34 @@ def test_reset_leaves_the_buffers_as_they_are(codec, monkeypatch):
     assert graphed.graph_replays > 0 and sum(len(s._buffers) for s in graphed._all_stages()) > 0
 
 
-def test_a_push_is_one_op_call_per_layer(codec, monkeypatch):
+def test_a_push_is_one_op_call_per_layer(codec):
     """A steady push makes the one-shot decoder's op calls (one launch each on the Triton path): a ``conv1d``
     for the 9 codebooks' projections together and per conv (bias, residual and tanh inside it), a
     ``conv_transpose1d`` per upsampling layer, a ``sequence_tail`` per conv input window (Snake's outputs
     included; a residual unit's also keeps its raw inputs); a residual unit's inner Snake is inside its first
     conv."""
     calls: dict[str, list] = {"conv1d": [], "conv_transpose1d": [], "sequence_tail": [], "snake": []}
+    recording = {}
     for name, log in calls.items():
-        original = getattr(zonos.ops, name)
+        original = REFERENCE.op(name)
 
-        def recording(*args, _original=original, _log=log, **kwargs):
+        def record(*args, _original=original, _log=log, **kwargs):
             y = _original(*args, **kwargs)
             _log.append(y.dtype)
             return y
 
-        monkeypatch.setattr(zonos.ops, name, recording)
+        recording[name] = record
     codes = random_codes(1, 19, seed=23)
     expected = codec.decode(codes)
-    dec = StreamingDACDecoder(codec, fp16_autocast=True)
-    outs = [dec.push(codes[..., :11]), dec.push(codes[..., 11:15])]
-    for log in calls.values():
-        log.clear()
-    outs.append(dec.push(codes[..., 15:]))  # a steady push
+    use_backend(codec.dac, REFERENCE.replace("recording", **recording))
+    try:
+        dec = StreamingDACDecoder(codec, fp16_autocast=True)
+        outs = [dec.push(codes[..., :11]), dec.push(codes[..., 11:15])]
+        for log in calls.values():
+            log.clear()
+        outs.append(dec.push(codes[..., 15:]))  # a steady push
+    finally:
+        use_backend(codec.dac, REFERENCE)
     convs = [m for m in codec.dac.decoder.modules() if isinstance(m, torch.nn.Conv1d)]
     assert len(calls["conv1d"]) == 1 + len(convs) == 27  # the codebooks' projection, then the decoder's
     assert len(calls["conv_transpose1d"]) == 4

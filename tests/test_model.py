@@ -7,7 +7,7 @@ import torch
 from tests.tiny import save_tiny_checkpoint as _save
 from tests.tiny import tiny_codec
 from zonos.conditioning import make_cond_dict
-from zonos.model import SYNC_EVERY, Zonos
+from zonos.model import Zonos
 
 
 @pytest.fixture(scope="module")
@@ -38,11 +38,11 @@ def test_generate_and_decode(tiny):
 def test_seeded_generation_is_reproducible_and_state_is_reused(tiny):
     prefix = _prefix(tiny)
     a = tiny.generate(prefix, max_new_tokens=16, progress_bar=False, generator=torch.Generator().manual_seed(7))
-    state = tiny._state
+    state = tiny.engine.slots.state
     b = tiny.generate(prefix, max_new_tokens=16, progress_bar=False, generator=torch.Generator().manual_seed(7))
     c = tiny.generate(prefix, max_new_tokens=16, progress_bar=False, generator=torch.Generator().manual_seed(8))
     assert torch.equal(a, b) and not torch.equal(a, c)
-    assert tiny._state is state  # caches kept their addresses across requests
+    assert tiny.engine.slots.state is state  # caches kept their addresses across requests
 
 
 def test_batch_and_guidance_variants(tiny):
@@ -77,35 +77,34 @@ def test_callback_stops_generation(tiny):
     assert [s for _, s, _ in seen] == [1, 2, 3] and seen[0][0] == (1, 9, 1)
 
 
-def test_eos_runs_down_the_codebooks(tiny, monkeypatch):
+def test_eos_runs_down_the_codebooks(tiny):
     """EOS sampled in codebook 0 at column c is followed by EOS in codebook k at column c + k (MASK
-    before it); generation stops after codebook 8's EOS and returns the frames before the EOS frame."""
-    real_step, calls = tiny._step, []
+    before it); generation stops once codebook 8's EOS is written and returns the frames before the EOS frame."""
     eos_column = 6
 
-    def step(codes, state, cfg_scale):
-        logits = real_step(codes, state, cfg_scale)
-        calls.append(1)
-        if len(calls) + 1 == eos_column:  # the step that writes column eos_column
-            logits[:, 0, :] = float("-inf")
-            logits[:, 0, tiny.eos_token_id] = 0.0
-        return logits
+    def force_eos(logits, step):
+        # Step s writes column s + 1 (no audio prefix): force EOS in codebook 0 at the step writing eos_column.
+        forced = torch.full_like(logits[:, 0], float("-inf"))
+        forced[:, tiny.eos_token_id] = 0.0
+        at = (step == eos_column - 1)[:, None]
+        return torch.cat([torch.where(at, forced, logits[:, 0])[:, None], logits[:, 1:]], dim=1)
 
-    monkeypatch.setattr(tiny, "_step", step)
-    written = []
-    orig_write = tiny._write
+    columns = {}
 
-    def write(delayed, offset, tokens):
-        orig_write(delayed, offset, tokens)
-        written.append((offset, delayed[0, :, offset].clone()))
+    def record(frame, step, max_steps):
+        columns[step + 1] = frame[0, :, 0].clone()
+        return True
 
-    monkeypatch.setattr(tiny, "_write", write)
     codes = tiny.generate(
-        _prefix(tiny), max_new_tokens=40, progress_bar=False, sampling_params={"min_p": 0.1, "repetition_penalty": 1.0}
+        _prefix(tiny),
+        max_new_tokens=40,
+        progress_bar=False,
+        sampling_params={"min_p": 0.1, "repetition_penalty": 1.0},
+        logits_processor=force_eos,
+        callback=record,
     )
-    columns = dict(written)
-    # The loop checks for the end every SYNC_EVERY steps; steps past the end only repeat the last column.
-    assert eos_column + 8 <= max(columns) < eos_column + 8 + SYNC_EVERY
+    # The slot stops itself on the device once codebook 8's EOS is written: no column past it.
+    assert max(columns) == eos_column + 8
     for c in range(eos_column, max(columns) + 1):
         k = min(c - eos_column, 8)
         assert columns[c][k] == tiny.eos_token_id
@@ -181,7 +180,7 @@ def test_accelerators_need_cuda(tmp_path, codec):
     with pytest.raises(ValueError, match="use_cute_gemv=True needs the model on a CUDA device"):
         Zonos.from_local(*paths, device="cpu", autoencoder=codec, use_cute_gemv=True)
     model = Zonos.from_local(*paths, device="cpu", autoencoder=codec)  # auto: nothing to switch on
-    assert "_decode_step" not in model.__dict__
+    assert model.backend.name == "torch" and model._graphs is None
 
 
 def test_heads_run_as_one_matrix(tmp_path, codec):
@@ -259,7 +258,7 @@ def test_missing_fast_op_packages_on_cuda_warn_unless_asked_for(tiny, monkeypatc
         raise ImportError("No module named 'mamba_ssm'")
 
     monkeypatch.setattr(type(tiny), "device", property(lambda self: torch.device("cuda")))
-    monkeypatch.setattr(fast, "enable_triton_ops", missing)
+    monkeypatch.setattr(fast, "triton_backend", missing)
     with pytest.warns(UserWarning, match=r"Triton fast ops are off \(No module named 'mamba_ssm'\).*\.\[gpu\]"):
         tiny.use_accelerators(cuda_graphs=False)
     with pytest.raises(ImportError, match="mamba_ssm"):

@@ -7,6 +7,7 @@ import torch
 from tests.test_model import _prefix
 from tests.tiny import tiny_model
 from zonos.codec.streaming import receptive_field
+from zonos.streaming import ChunkAssembler
 
 
 @pytest.fixture(scope="module")
@@ -54,26 +55,19 @@ def test_batch_of_two_streams(model, prefix):
 def test_frames_leave_exactly_when_their_last_codebook_is_written(model, prefix, monkeypatch):
     """With 1-frame chunks, every push after the first carries exactly the newest final frame: frame t
     leaves at the step that writes column t + 9 — not one step earlier, not one later."""
-    offsets, pushes = [], []
-    real_loop = model._decode_loop
+    takes = []
+    real_take = ChunkAssembler.take
 
-    def loop(*a, **k):
-        for delayed, offset in real_loop(*a, **k):
-            offsets.append(offset)
-            yield delayed, offset
+    def take(self, delayed, offset):
+        takes.append(offset)
+        return real_take(self, delayed, offset)
 
-    monkeypatch.setattr(model, "_decode_loop", loop)
-    chunks = _run(model, prefix, seed=5, stream=True, first_chunk_frames=1, chunk_frames=1)
-    decoder = None
-    for chunk in chunks:
-        if chunk.final:
-            continue
-        pushes.append((chunk.frames, offsets[-1]))
-        decoder = decoder or model._stream_decoder
-    lookahead = model._stream_decoder.receptive_field.lookahead_frames
-    first_frames, first_offset = pushes[0]
-    assert first_frames == (0, lookahead + 1) and first_offset == lookahead + 1 + 8
-    for (start, end), offset in pushes[1:]:
+    monkeypatch.setattr(ChunkAssembler, "take", take)
+    chunks = [c for c in _run(model, prefix, seed=5, stream=True, first_chunk_frames=1, chunk_frames=1) if not c.final]
+    lookahead = receptive_field(model.autoencoder.dac.config).lookahead_frames
+    assert chunks[0].frames == (0, lookahead + 1) and takes[0] == lookahead + 1 + 8
+    for chunk, offset in zip(chunks[1:], takes[1:]):
+        start, end = chunk.frames
         assert end - start == 1
         assert end - 1 + 9 == offset  # frame end-1's codebook 8 sits in column end-1+9, written just now
 
@@ -90,23 +84,19 @@ def test_chunks_double_up_to_the_steady_size(model, prefix):
         assert frames[1 : 1 + len(sizes)] == sizes, frames
 
 
-def test_eos_flushes_the_tail(model, prefix, monkeypatch):
-    real_step, calls = model._step, []
+def test_eos_flushes_the_tail(model, prefix):
+    def eos_at_step_20(logits, step):
+        # Decode step 20 writes column 21: EOS in codebook 0 for frame 20; no EOS before or after.
+        at = (step == 20)[:, None]
+        first = logits[:, 0].clone()
+        first[:, model.eos_token_id] = float("-inf")
+        forced = torch.full_like(first, float("-inf"))
+        forced[:, model.eos_token_id] = 0.0
+        return torch.cat([torch.where(at, forced, first)[:, None], logits[:, 1:]], dim=1)
 
-    def step(codes, state, cfg_scale):
-        logits = real_step(codes, state, cfg_scale)
-        calls.append(1)
-        if len(calls) == 20:  # step 20 writes column 21: EOS in codebook 0 for frame 20
-            logits[:, 0, :] = float("-inf")
-            logits[:, 0, model.eos_token_id] = 0.0
-        else:
-            logits[:, 0, model.eos_token_id] = float("-inf")
-        return logits
-
-    monkeypatch.setattr(model, "_step", step)
-    codes = _run(model, prefix, seed=6, max_new_tokens=60)
-    calls.clear()
-    chunks = list(_run(model, prefix, seed=6, max_new_tokens=60, stream=True, chunk_frames=4))
+    codes = _run(model, prefix, seed=6, max_new_tokens=60, logits_processor=eos_at_step_20)
+    chunks = list(_run(model, prefix, seed=6, max_new_tokens=60, stream=True, chunk_frames=4,
+                       logits_processor=eos_at_step_20))  # fmt: skip
     assert codes.shape[-1] == 20  # frames 0..19, before the EOS frame
     assert torch.equal(torch.cat([c.codes for c in chunks], -1), codes)
     assert chunks[-1].final and chunks[-1].samples[1] == 512 * 20
@@ -153,26 +143,31 @@ def test_warmup_leaves_no_trace(model, prefix, capsys):
     assert torch.equal(_run(model, prefix, seed=5), before)
 
 
-def test_warmup_can_capture_every_prefill_piece(model, prefix, monkeypatch):
-    """With ``all_prefill_lengths`` the warm-up asks the prefill graph runner (installed on CUDA) to capture
-    every piece size for the warm-up's backbone batch."""
+def test_warmup_can_capture_every_prefill_piece(model, prefix):
+    """With ``all_prefill_lengths`` the warm-up asks the engine's graph cache (set up on CUDA) to capture every
+    prefill piece size on the engine's staging state."""
     prepared = []
+    engine = model.engine
 
-    class Runner:  # stands in for zonos_accel.graph.CudaGraphPrefill
-        def __call__(self, hidden, state):
-            return model.backbone(hidden, state)
+    class Graphs:  # stands in for zonos_accel.graphs.GraphCache
+        def step(self, slots, n, use, processors, backend):
+            slots.step(n, use, processors)
 
-        def prepare(self, batch_size):
-            prepared.append(batch_size)
+        def prefill(self, backbone, hidden, state):
+            return backbone(hidden, state)
 
-    monkeypatch.setitem(model.__dict__, "_backbone_prefill", Runner())
-    model.warmup(prefix_length=5, frames=11, all_prefill_lengths=True, progress_bar=False)
-    model.warmup(prefix_length=5, frames=11, cfg_scale=1.0, all_prefill_lengths=True, progress_bar=False)
-    model.warmup(prefix_length=5, frames=11, batch_size=2, all_prefill_lengths=True, progress_bar=False)
-    assert prepared == [2, 1, 4]
+        def prepare_prefill(self, backbone, state):
+            prepared.append(state)
+
+    engine.use_graphs(Graphs())
+    try:
+        model.warmup(prefix_length=5, frames=11, all_prefill_lengths=True, progress_bar=False)
+    finally:
+        engine.use_graphs(None)
+    assert prepared == [engine.staging]
 
 
 @pytest.mark.parametrize("kwargs", [{"prefix_length": 0}, {"frames": 0}, {"frames": 2.5}, {"batch_size": 0}])
 def test_warmup_rejects_bad_sizes(model, kwargs):
-    with pytest.raises(ValueError, match="must be a positive int"):
+    with pytest.raises(ValueError, match="must be a positive int|must be an integer in"):
         model.warmup(progress_bar=False, **kwargs)

@@ -9,6 +9,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+N_CODEBOOKS = 9  # the DAC 44.1 kHz codec's residual codebooks
+CODEBOOK_SIZE = 1024
+UNKNOWN = -1  # a delayed-code slot not generated yet
+
 
 def apply_delay_pattern(codes: torch.Tensor, mask_token: int) -> torch.Tensor:
     """(b, n_q, T) codes → (b, n_q, T + n_q) delayed codes, delay slots filled with ``mask_token``."""

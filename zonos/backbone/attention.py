@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from zonos import ops
+from zonos.ops.backend import UsesOps
 
 
 class KVCache:
@@ -20,7 +20,7 @@ class KVCache:
         self.v.zero_()
 
 
-class Attention(nn.Module):
+class Attention(UsesOps, nn.Module):
     """mamba_ssm-style MHA: one fused qkv projection (q heads, then k heads, then v heads), rotary, and
     attention over the KV cache."""
 
@@ -51,14 +51,14 @@ class Attention(nn.Module):
 
     def _attend(self, u: torch.Tensor, cache: KVCache, position: torch.Tensor, decode: bool) -> torch.Tensor:
         b, l, _ = u.shape
-        qkv = ops.linear(u, self.in_proj.weight, self.in_proj.bias)
+        qkv = self.ops.linear(u, self.in_proj.weight, self.in_proj.bias)
         q, k, v = torch.split(
             qkv,
             [self.num_heads * self.head_dim, self.num_heads_kv * self.head_dim, self.num_heads_kv * self.head_dim],
             -1,
         )
-        positions = position.view(1) if decode else position + torch.arange(l, device=u.device)
-        q = ops.rotate_and_cache(
+        positions = position[:, None] + torch.arange(l, device=u.device)  # (b, l): each row at its own position
+        q = self.ops.rotate_and_cache(
             q.view(b, l, self.num_heads, self.head_dim),
             k.view(b, l, self.num_heads_kv, self.head_dim),
             v.view(b, l, self.num_heads_kv, self.head_dim),
@@ -69,23 +69,23 @@ class Attention(nn.Module):
             self.rotary_base,
             self.interleaved,
         )
-        attention = ops.decode_attention if decode else ops.prefill_attention
+        attention = self.ops.decode_attention if decode else self.ops.prefill_attention
         o = attention(q, cache.k, cache.v, position)
-        return ops.linear(o.reshape(b, l, self.num_heads * self.head_dim), self.out_proj.weight, self.out_proj.bias)
+        return self.ops.linear(o.reshape(b, l, self.num_heads * self.head_dim), self.out_proj.weight, self.out_proj.bias)
 
     def forward(self, u: torch.Tensor, cache: KVCache, position: torch.Tensor) -> torch.Tensor:
-        """Process (b, l, d) tokens at positions ``position`` .. ``position + l - 1`` (``position`` a device
-        scalar), writing their keys and values to the cache; attends over the whole preallocated cache with
+        """Process (b, l, d) tokens at positions ``position`` .. ``position + l - 1`` (``position`` (b,) on the
+        device, one per row), writing their keys and values to the cache; attends over the whole preallocated cache with
         a causal mask, so the same kernels serve every position (graph-safe). The caller checks the bounds."""
         return self._attend(u, cache, position, decode=False)
 
     def step(self, u: torch.Tensor, cache: KVCache, position: torch.Tensor) -> torch.Tensor:
-        """One token (b, 1, d) at the device scalar ``position``; attends over the whole preallocated cache
+        """One token (b, 1, d) per row at that row's ``position`` (b,); attends over the whole preallocated cache
         with a mask, so the same kernels serve every position (graph-safe)."""
         return self._attend(u, cache, position, decode=True)
 
 
-class GatedMLP(nn.Module):
+class GatedMLP(UsesOps, nn.Module):
     """fc1 → [value | gate] → value · SiLU(gate) → fc2, no biases."""
 
     def __init__(self, d_model: int, hidden: int):
@@ -94,4 +94,4 @@ class GatedMLP(nn.Module):
         self.fc2 = nn.Linear(hidden, d_model, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return ops.linear(ops.silu_mul(ops.linear(x, self.fc1.weight)), self.fc2.weight)
+        return self.ops.linear(self.ops.silu_mul(self.ops.linear(x, self.fc1.weight)), self.fc2.weight)

@@ -10,13 +10,13 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from zonos import ops
+from zonos.ops.backend import UsesOps
 from zonos.backbone.attention import Attention, GatedMLP, KVCache
 from zonos.backbone.mamba2 import Mamba2Cache, Mamba2Mixer
 from zonos.config import BackboneConfig
 
 
-class Block(nn.Module):
+class Block(UsesOps, nn.Module):
     """norm → mixer, then (attention layers) norm2 → MLP; residual additions outside, as in mamba_ssm."""
 
     def __init__(self, mixer: nn.Module, d_model: int, mlp_hidden: int, eps: float):
@@ -32,11 +32,11 @@ class Block(nn.Module):
     def _mlp(self, hidden: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if self.mlp is None:
             return hidden, residual
-        normed, residual = _add_norm(hidden, residual, self.norm2)
+        normed, residual = _add_norm(self.ops, hidden, residual, self.norm2)
         return self.mlp(normed), residual
 
     def forward(self, hidden, residual, cache, position: torch.Tensor):
-        normed, residual = _add_norm(hidden, residual, self.norm)
+        normed, residual = _add_norm(self.ops, hidden, residual, self.norm)
         if isinstance(self.mixer, Attention):
             hidden = self.mixer(normed, cache, position)
         else:
@@ -44,7 +44,7 @@ class Block(nn.Module):
         return self._mlp(hidden, residual)
 
     def step(self, hidden, residual, cache, position: torch.Tensor):
-        normed, residual = _add_norm(hidden, residual, self.norm)
+        normed, residual = _add_norm(self.ops, hidden, residual, self.norm)
         if isinstance(self.mixer, Attention):
             hidden = self.mixer.step(normed, cache, position)
         else:
@@ -52,7 +52,7 @@ class Block(nn.Module):
         return self._mlp(hidden, residual)
 
 
-def _add_norm(hidden, residual, norm: nn.LayerNorm) -> tuple[torch.Tensor, torch.Tensor]:
+def _add_norm(ops, hidden, residual, norm: nn.LayerNorm) -> tuple[torch.Tensor, torch.Tensor]:
     """residual ← hidden + residual, then ``norm`` of it (one op, so a fused kernel can serve it)."""
     return ops.add_layer_norm(hidden, residual, norm.weight, norm.bias, norm.eps)
 
@@ -62,27 +62,30 @@ class InferenceState:
 
     Tensors are allocated once and only written in place, so a CUDA graph of the decode step or of a
     prefill piece captured against one state stays valid for every later request that reuses it. The
-    number of tokens consumed is kept twice: ``position``, a device scalar, is what the kernels read (the
-    KV rows to write and attend to), and ``seqlen``, a host int, is bookkeeping for bounds checks (a
-    replayed graph advances ``position`` itself; its runner advances ``seqlen``).
+    number of tokens consumed is kept twice: ``position``, a device tensor with one entry per row, is what
+    the kernels read (the KV rows to write and attend to; rows may sit at different positions), and
+    ``seqlen``, a host int, is bookkeeping for bounds checks when every row advances together (a replayed
+    graph advances ``position`` itself; its runner advances ``seqlen``). A state whose rows advance
+    separately (the engine's slots) sets ``seqlen`` to None and checks bounds itself.
     """
 
     def __init__(self, caches: list[Mamba2Cache | KVCache], batch_size: int, max_seqlen: int, device: torch.device):
         self.caches = caches
         self.batch_size = batch_size
         self.max_seqlen = max_seqlen
-        self.seqlen = 0
-        self.position = torch.zeros((), dtype=torch.long, device=device)
+        self.seqlen: int | None = 0
+        self.position = torch.zeros(batch_size, dtype=torch.long, device=device)
 
     def reset(self) -> None:
         """Forget every sequence (zeroes the caches in place; addresses are kept)."""
         for c in self.caches:
             c.zero_()
-        self.seqlen = 0
+        if self.seqlen is not None:
+            self.seqlen = 0
         self.position.zero_()
 
 
-class ZonosBackbone(nn.Module):
+class ZonosBackbone(UsesOps, nn.Module):
     """``layers`` (Mamba2 blocks, attention blocks at ``attn_layer_idx``) and ``norm_f``."""
 
     def __init__(self, config: BackboneConfig):
@@ -131,26 +134,27 @@ class ZonosBackbone(nn.Module):
     def _check(self, hidden: torch.Tensor, state: InferenceState, n: int) -> None:
         if hidden.shape[0] != state.batch_size:
             raise ValueError(f"batch of {hidden.shape[0]} does not match the inference state's {state.batch_size}")
-        if state.seqlen + n > state.max_seqlen:
+        if state.seqlen is not None and state.seqlen + n > state.max_seqlen:
             raise ValueError(
                 f"{state.seqlen + n} tokens exceed the inference state's maximum of {state.max_seqlen}: "
                 "allocate a larger state (or generate fewer tokens)"
             )
 
     def _final(self, hidden: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        return _add_norm(hidden, residual, self.norm_f)[0]
+        return _add_norm(self.ops, hidden, residual, self.norm_f)[0]
 
     def forward(self, hidden: torch.Tensor, state: InferenceState) -> torch.Tensor:
         """Prefill: (b, l, d) embeddings that follow the tokens already consumed → (b, l, d).
 
-        The tokens go at ``state.position`` (a device scalar), which this advances on the device, so a
+        The tokens go at ``state.position`` (a device tensor, one entry per row), which this advances on the device, so a
         sequence may arrive in pieces of any sizes and each piece runs the same kernels at every position
-        (graph-safe: zonos_accel.graph replays one graph per piece size). A replayed graph does not run this
+        (graph-safe: zonos_accel.graphs replays one graph per piece size). A replayed graph does not run this
         Python, so a graph runner advances ``state.seqlen`` itself.
         """
         l = hidden.shape[1]
         self._check(hidden, state, l)
-        state.seqlen += l
+        if state.seqlen is not None:
+            state.seqlen += l
         residual = None
         for layer, cache in zip(self.layers, state.caches):
             hidden, residual = layer(hidden, residual, cache, state.position)
@@ -164,7 +168,8 @@ class ZonosBackbone(nn.Module):
         runner advances ``state.seqlen`` itself.
         """
         self._check(hidden, state, 1)
-        state.seqlen += 1
+        if state.seqlen is not None:
+            state.seqlen += 1
         residual = None
         for layer, cache in zip(self.layers, state.caches):
             hidden, residual = layer.step(hidden, residual, cache, state.position)

@@ -8,7 +8,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from zonos import ops
+from zonos.ops.backend import UsesOps
+from zonos.ops.precision import compute_dtype
 from zonos.ops.conv import conv_context
 
 
@@ -24,7 +25,7 @@ class Mamba2Cache:
         self.ssm.zero_()
 
 
-class Mamba2Mixer(nn.Module):
+class Mamba2Mixer(UsesOps, nn.Module):
     """in_proj → [z | x B C | dt] → causal conv + SiLU on xBC → SSD → gated RMSNorm with z → out_proj."""
 
     def __init__(
@@ -80,7 +81,7 @@ class Mamba2Mixer(nn.Module):
 
         Writes in place when the dtype and device are unchanged, so CUDA graphs that read A stay valid.
         """
-        A, old = -torch.exp(self.A_log.to(ops.compute_dtype(self.A_log.dtype))), self.A
+        A, old = -torch.exp(self.A_log.to(compute_dtype(self.A_log.dtype))), self.A
         same = old is not None and (old.shape, old.dtype, old.device) == (A.shape, A.dtype, A.device)
         if same and not A.is_meta and (not old.is_inference() or torch.is_inference_mode_enabled()):
             old.copy_(A)
@@ -103,12 +104,12 @@ class Mamba2Mixer(nn.Module):
 
     def _dt_A(self, dt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Step sizes softplus(dt + dt_bias) and decay rates A = -exp(A_log), in at least float32."""
-        cdt = ops.compute_dtype(dt.dtype)
+        cdt = compute_dtype(dt.dtype)
         return F.softplus(dt.to(cdt) + self.dt_bias.to(cdt)), self.A.to(cdt)
 
     def _out(self, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-        y = ops.gated_rms_norm(y, z, self.norm.weight, self.norm_eps, self.d_inner // self.ngroups)
-        return ops.linear(y, self.out_proj.weight)
+        y = self.ops.gated_rms_norm(y, z, self.norm.weight, self.norm_eps, self.d_inner // self.ngroups)
+        return self.ops.linear(y, self.out_proj.weight)
 
     def forward(self, u: torch.Tensor, cache: Mamba2Cache) -> torch.Tensor:
         """Process (b, l, d) tokens that follow the ones the cache has seen; updates the cache.
@@ -118,12 +119,12 @@ class Mamba2Mixer(nn.Module):
         kernels serve every position (graph-safe).
         """
         b, l, _ = u.shape
-        z, xbc, dt = self._split(ops.linear(u, self.in_proj.weight))
+        z, xbc, dt = self._split(self.ops.linear(u, self.in_proj.weight))
         new_context = conv_context(xbc, self.d_conv, cache.conv)
-        xbc = ops.causal_conv1d(xbc, self.conv1d.weight, self.conv1d.bias, cache.conv)
+        xbc = self.ops.causal_conv1d(xbc, self.conv1d.weight, self.conv1d.bias, cache.conv)
         cache.conv.copy_(new_context)
         x, B, C = torch.split(xbc, [self.d_inner, self.ngroups * self.d_state, self.ngroups * self.d_state], dim=-1)
-        y, final = ops.ssd_scan(
+        y, final = self.ops.ssd_scan(
             x.reshape(b, l, self.nheads, self.headdim),
             *self._dt_A(dt),
             B.reshape(b, l, self.ngroups, self.d_state),
@@ -138,14 +139,14 @@ class Mamba2Mixer(nn.Module):
     def step(self, u: torch.Tensor, cache: Mamba2Cache) -> torch.Tensor:
         """One token (b, 1, d) → (b, 1, d), updating the cache in place (no host work, graph-safe)."""
         b = u.shape[0]
-        z, xbc, dt = self._split(ops.linear(u[:, 0], self.in_proj.weight))
-        xbc = ops.conv_step(cache.conv, xbc, self.conv1d.weight, self.conv1d.bias)
+        z, xbc, dt = self._split(self.ops.linear(u[:, 0], self.in_proj.weight))
+        xbc = self.ops.conv_step(cache.conv, xbc, self.conv1d.weight, self.conv1d.bias)
         x, B, C = torch.split(xbc, [self.d_inner, self.ngroups * self.d_state, self.ngroups * self.d_state], dim=-1)
-        y = ops.ssd_step(
+        y = self.ops.ssd_step(
             cache.ssm,
             x.reshape(b, self.nheads, self.headdim),
             dt,  # softplus(dt + dt_bias) inside the op, as _dt_A computes it for prefill
-            self.A.to(ops.compute_dtype(dt.dtype)),
+            self.A.to(compute_dtype(dt.dtype)),
             B.reshape(b, self.ngroups, self.d_state),
             C.reshape(b, self.ngroups, self.d_state),
             D=self.D,

@@ -22,10 +22,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from zonos import ops
 from zonos.checkpoint import CheckpointMismatchError, check_state_dict
 from zonos.config import read_json
 from zonos.errors import CheckpointError, ZonosInputError
+from zonos.ops.backend import UsesOps
 from zonos.utils import tensor_version
 from zonos.validation import check_int
 
@@ -140,7 +140,7 @@ def conv_dtype(x: Tensor, weight: Tensor) -> torch.dtype:
     return dtype
 
 
-class Snake1d(nn.Module):
+class Snake1d(UsesOps, nn.Module):
     """Snake activation ``x + sin(alpha * x)**2 / alpha`` with one ``alpha`` per channel (:func:`zonos.ops.snake`)."""
 
     def __init__(self, channels: int) -> None:
@@ -148,10 +148,10 @@ class Snake1d(nn.Module):
         self.alpha = nn.Parameter(torch.ones(1, channels, 1))
 
     def forward(self, x: Tensor) -> Tensor:
-        return ops.snake(x, self.alpha)  # looked up per call, so a fast path can be swapped in
+        return self.ops.snake(x, self.alpha)
 
 
-class ResidualUnit(nn.Module):
+class ResidualUnit(UsesOps, nn.Module):
     """``x + conv2(snake2(conv1(snake1(x))))`` with a dilated kernel-7 conv1 and a kernel-1 conv2.
 
     The Snakes and convs are the :mod:`zonos.ops` calls the streaming decoder makes (each Snake rounded to the
@@ -169,11 +169,11 @@ class ResidualUnit(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         dtype = conv_dtype(x, self.conv1.weight)
         (d,), (p,) = self.conv1.dilation, self.conv1.padding
-        h = ops.snake(x, self.snake1.alpha, dtype)
-        h = ops.conv1d(
+        h = self.ops.snake(x, self.snake1.alpha, dtype)
+        h = self.ops.conv1d(
             h, self.conv1.weight, self.conv1.bias, dilation=d, padding=p, alpha=self.snake2.alpha, dtype=dtype
         )  # snake2 applied as conv1 stores
-        return ops.conv1d(h, self.conv2.weight, self.conv2.bias, residual=x, dtype=dtype)
+        return self.ops.conv1d(h, self.conv2.weight, self.conv2.bias, residual=x, dtype=dtype)
 
 
 def _residual_stack(channels: int) -> tuple[ResidualUnit, ResidualUnit, ResidualUnit]:
@@ -194,7 +194,7 @@ class EncoderBlock(nn.Module):
         return self.conv1(self.snake1(x))
 
 
-class DecoderBlock(nn.Module):
+class DecoderBlock(UsesOps, nn.Module):
     """Snake, an upsampling transposed conv (``in_channels -> out_channels``), three residual units."""
 
     def __init__(self, in_channels: int, out_channels: int, stride: int) -> None:
@@ -210,8 +210,8 @@ class DecoderBlock(nn.Module):
         (s,), (p,) = conv.stride, conv.padding
         length = (x.shape[-1] - 1) * s + conv.kernel_size[0] - 2 * p
         dtype = conv_dtype(x, conv.weight)
-        x = ops.snake(x, self.snake1.alpha, dtype)
-        x = ops.conv_transpose1d(x, conv.weight, conv.bias, stride=s, start=p, length=length, dtype=dtype)
+        x = self.ops.snake(x, self.snake1.alpha, dtype)
+        x = self.ops.conv_transpose1d(x, conv.weight, conv.bias, stride=s, start=p, length=length, dtype=dtype)
         return self.res_unit3(self.res_unit2(self.res_unit1(x)))
 
 
@@ -237,7 +237,7 @@ class Encoder(nn.Module):
         return self.conv2(self.snake1(x))
 
 
-class Decoder(nn.Module):
+class Decoder(UsesOps, nn.Module):
     """Latent ``[B, hidden_size, T]`` to waveform ``[B, 1, hop_length * T]`` in ``[-1, 1]``."""
 
     def __init__(self, config: DACConfig) -> None:
@@ -254,12 +254,12 @@ class Decoder(nn.Module):
 
     def forward(self, z: Tensor) -> Tensor:
         dtype = conv_dtype(z, self.conv1.weight)
-        x = ops.conv1d(z, self.conv1.weight, self.conv1.bias, padding=self.conv1.padding[0], dtype=dtype)
+        x = self.ops.conv1d(z, self.conv1.weight, self.conv1.bias, padding=self.conv1.padding[0], dtype=dtype)
         for block in self.block:
             x = block(x)
-        x = ops.snake(x, self.snake1.alpha, dtype)
+        x = self.ops.snake(x, self.snake1.alpha, dtype)
         conv = self.conv2
-        return ops.conv1d(x, conv.weight, conv.bias, padding=conv.padding[0], tanh=True, dtype=dtype)
+        return self.ops.conv1d(x, conv.weight, conv.bias, padding=conv.padding[0], tanh=True, dtype=dtype)
 
 
 class VectorQuantizer(nn.Module):
@@ -294,7 +294,7 @@ class ResidualVectorQuantizer(nn.Module):
 # ---------------------------------------------------------------------------------------------
 
 
-class DAC(nn.Module):
+class DAC(UsesOps, nn.Module):
     """Encoder, residual vector quantiser and decoder of the Descript Audio Codec."""
 
     def __init__(self, config: DACConfig | None = None) -> None:
@@ -341,9 +341,9 @@ class DAC(nn.Module):
         if q > len(self.quantizer.quantizers):
             raise ValueError(f"codes have {q} codebooks, the model has {len(self.quantizer.quantizers)}")
         tables, weight, bias = self._stacked_codebooks(q)
-        rows = ops.codebook_rows(codes, tables, self.config.codebook_size, bounds)
+        rows = self.ops.codebook_rows(codes, tables, self.config.codebook_size, bounds)
         # Through the decoder's conv op, whose sums do not depend on T: a stream's latent equals the one-shot one.
-        return ops.conv1d(rows, weight, bias, dtype=conv_dtype(rows, weight))
+        return self.ops.conv1d(rows, weight, bias, dtype=conv_dtype(rows, weight))
 
     def _stacked_codebooks(self, q: int) -> tuple[Tensor, Tensor, Tensor]:
         """(codebooks ``[Q * codebook_size, D]``, out_proj weights ``[hidden, Q * D, 1]``, summed biases) of the

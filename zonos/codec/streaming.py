@@ -62,7 +62,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from zonos import ops
+from zonos.ops.backend import REFERENCE, Backend
 from zonos.codec.autoencoder import DACAutoencoder, check_code_range, decode_precision, validate_codes
 from zonos.codec.dac import DAC, DACConfig, ResidualUnit, Snake1d, conv_dtype
 from zonos.utils import tensor_version
@@ -134,6 +134,7 @@ class _Stage:
     left: int = 0
     state_attrs: tuple[str, ...] = ()
     static: bool = False
+    ops: Backend = REFERENCE  # the decoder sets the codec's backend at the start of each stream
 
     def __init__(self) -> None:
         self._buffers: dict[tuple, Tensor] = {}  # (attribute, shape, dtype, device) -> fixed-address state
@@ -212,7 +213,7 @@ class _Windowed(_Stage):
         window = self._empty("window", (*x.shape[:2], length), last)
         alpha = None if self.snake is None else self.snake.alpha
         unfold = unfold or self.unfold
-        self.window = ops.sequence_tail(last, x, length, out=window, alpha=alpha, unfold=unfold, raw=raw)
+        self.window = self.ops.sequence_tail(last, x, length, out=window, alpha=alpha, unfold=unfold, raw=raw)
         return self.window
 
 
@@ -239,7 +240,7 @@ class _Conv(_Windowed):
         if window.shape[-1] <= self.context:
             return None
         weight, bias = _weights(self.conv, self.params)
-        return ops.conv1d(window, weight, bias, dilation=self.dilation, dtype=window.dtype, **kwargs)
+        return self.ops.conv1d(window, weight, bias, dilation=self.dilation, dtype=window.dtype, **kwargs)
 
     def push(self, x: Tensor) -> Tensor | None:
         return self._conv(self._next_window(x), tanh=self.tanh)
@@ -285,7 +286,7 @@ class _ResUnit(_Conv):
         if h is None:
             return None
         weight, bias = _weights(self.unit.conv2, self.params)
-        return ops.conv1d(h, weight, bias, residual=raw, dtype=h.dtype)
+        return self.ops.conv1d(h, weight, bias, residual=raw, dtype=h.dtype)
 
 
 class _ConvTranspose(_Windowed):
@@ -332,7 +333,7 @@ class _ConvTranspose(_Windowed):
         if length <= 0:
             return None
         weight, bias = _weights(self.conv, self.params)
-        return ops.conv_transpose1d(
+        return self.ops.conv_transpose1d(
             window, weight, bias, stride=self.stride, start=start, length=length, dtype=window.dtype
         )
 
@@ -618,6 +619,7 @@ class StreamingDACDecoder:
         static = self._graphs_on(device)
         for stage in self._all_stages():
             stage.static = static
+            stage.ops = self.dac.ops
         autocast = torch.is_autocast_enabled(device.type)
         self._params.refresh(self._conv_params, torch.get_autocast_dtype(device.type) if autocast else None)
         if static:
@@ -698,6 +700,7 @@ class StreamingDACDecoder:
         stage keeps it in) and int values, the input's shape and the numeric mode."""
         return (
             kind,
+            self.dac.ops,  # a graph replays the kernels of the backend it captured
             self._state_key(),
             self._batch,
             None if x is None else (tuple(x.shape), x.dtype),

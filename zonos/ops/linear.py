@@ -1,6 +1,6 @@
 """The backbone's projections and the codebook heads: y = x Wᵀ (+ b).
 
-The reference is ``F.linear`` (cuBLAS on CUDA). ``zonos_accel.gemv.enable_cute_gemv()`` routes the
+The reference is ``F.linear`` (cuBLAS on CUDA). ``zonos_accel.gemv.cute_gemv_backend()`` routes the
 decode-shaped calls (a few rows of x) to a CuTeDSL GEMV that streams each weight once.
 """
 

@@ -5,10 +5,9 @@ each weight once, with one of two kernels that the tuned split picks per problem
 cores (:class:`~zonos_accel.gemv.kernel.FmaGemv`) or ``mma.sync`` on the tensor cores
 (:class:`~zonos_accel.gemv.kernel.MmaGemv`, whose cost does not grow with M).
 
-``enable_cute_gemv()`` rebinds ``zonos.ops.linear`` (which the backbone looks up at call time) so that a
-CUDA call with at most ``max_rows`` rows of x (the decode step: batch × CFG rows) runs the kernel, and
-everything else (prefill, CPU tensors, other dtypes or layouts, autograd) runs the reference
-``F.linear`` (cuBLAS on CUDA). ``disable_cute_gemv()`` restores the reference.
+``cute_gemv_backend(base)`` returns a :class:`zonos.ops.backend.Backend` whose ``linear`` sends a CUDA call with
+at most ``max_rows`` rows of x (the decode step: batch × CFG rows) to the kernel, and everything else (prefill,
+CPU tensors, other dtypes or layouts, autograd) to ``base``'s ``linear`` (cuBLAS on CUDA).
 
 Costs: a kernel is compiled once per (M, N, K, dtype, split, device) on its first call (~0.3–1 s, keep
 it out of CUDA-graph capture: the graph runner's warm-up step does that), and every call then spends
@@ -22,14 +21,13 @@ import importlib
 
 import torch
 
-import zonos.ops
+from zonos.ops.backend import REFERENCE, Backend
 from zonos_accel.gemv.config import MAX_ROWS, VEC, GemvConfig, gemv_config
 
 INSTALL_HINT = "pip install nvidia-cutlass-dsl (or zonos-accel[gpu])"
 DTYPES = (torch.bfloat16, torch.float16)
 _INDEX_LIMIT = 2**31  # the kernel indexes elements with int32
 
-_reference = zonos.ops.linear
 _compiled: dict[tuple, object] = {}
 
 
@@ -114,20 +112,8 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, partial: t
     fn(*args)
 
 
-def _routed(max_rows: int):
-    @functools.wraps(_reference)
-    def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-        if rows <= max_rows and supports(x, weight):
-            y = gemv(x, weight)
-            return y if bias is None else y.add_(bias)
-        return _reference(x, weight, bias)
-
-    return linear
-
-
-def enable_cute_gemv(max_rows: int = MAX_ROWS) -> None:
-    """Route ``zonos.ops.linear`` calls with at most ``max_rows`` rows of x to the CuTeDSL GEMV.
+def cute_gemv_backend(base: Backend = REFERENCE, max_rows: int = MAX_ROWS) -> Backend:
+    """``base`` with ``linear`` calls of at most ``max_rows`` rows of x on the CuTeDSL GEMV (the rest on ``base``'s).
 
     Raises RuntimeError without a CUDA device and ImportError without nvidia-cutlass-dsl.
     """
@@ -136,24 +122,23 @@ def enable_cute_gemv(max_rows: int = MAX_ROWS) -> None:
     if max_rows < 1:
         raise ValueError(f"max_rows must be positive, got {max_rows}")
     kernel_module()  # fail now, not at the first call
-    zonos.ops.linear = _routed(max_rows)
+    fallback = base.op("linear")
 
+    @functools.wraps(fallback)
+    def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+        if rows <= max_rows and supports(x, weight):
+            y = gemv(x, weight)
+            return y if bias is None else y.add_(bias)
+        return fallback(x, weight, bias)
 
-def disable_cute_gemv() -> None:
-    """Back to the reference ``F.linear`` for every projection."""
-    zonos.ops.linear = _reference
-
-
-def cute_gemv_enabled() -> bool:
-    return zonos.ops.linear is not _reference
+    return base.replace(f"{base.name}+cute_gemv", linear=linear)
 
 
 __all__ = [
     "DTYPES",
     "GemvConfig",
-    "cute_gemv_enabled",
-    "disable_cute_gemv",
-    "enable_cute_gemv",
+    "cute_gemv_backend",
     "gemv",
     "gemv_config",
     "supports",

@@ -1,8 +1,8 @@
 """Triton fast paths behind :mod:`zonos.ops` (the stock GPU path).
 
-``enable_triton_ops()`` rebinds the op names in :mod:`zonos.ops`, which the backbone looks up at call
-time, to fast versions; ``disable_triton_ops()`` restores the torch references. Tensors not on a CUDA
-device still run the reference, so a CPU model in the same process is unaffected.
+``triton_backend(base)`` returns a :class:`zonos.ops.backend.Backend` whose ops are these fast versions (the
+others as in ``base``); a model runs it once it is handed to the model (``Zonos.use_accelerators``). Tensors
+not on a CUDA device still run the reference.
 
 | op | fast path | source |
 |---|---|---|
@@ -30,9 +30,8 @@ import importlib
 
 import torch
 
-import zonos.ops
+from zonos.ops.backend import REFERENCE, Backend
 from zonos_accel.triton.mamba import INSTALL_HINT, mamba_module
-
 _SOURCES = {
     "ssd_step": ("zonos_accel.triton.mamba", "selective_state_update"),
     "gated_rms_norm": ("zonos_accel.triton.mamba", "layernorm_gated"),
@@ -51,7 +50,6 @@ _SOURCES = {
     "sequence_tail": ("zonos_accel.triton.vocoder", None),
 }
 OPS = tuple(_SOURCES)
-_references = {name: getattr(zonos.ops, name) for name in OPS}
 
 
 def fast_op(name: str):
@@ -76,19 +74,13 @@ def _on_cuda(fast, reference):
     return op
 
 
-def enable_triton_ops(names: tuple[str, ...] = OPS) -> None:
-    """Route the named ops (default: all of :data:`OPS`) to their Triton fast paths."""
+def triton_backend(base: Backend = REFERENCE, names: tuple[str, ...] = OPS) -> Backend:
+    """``base`` with the named ops (default: all of :data:`OPS`) on their Triton fast paths (CUDA tensors; others
+    run ``base``'s op). Raises RuntimeError without a CUDA device and ImportError naming a missing package."""
     if not torch.cuda.is_available():
         raise RuntimeError("the Triton fast paths need a CUDA device, and torch sees none")
     unknown = set(names) - set(OPS)
     if unknown:
         raise ValueError(f"unknown op(s) {sorted(unknown)}; known: {list(OPS)}")
-    fast = {name: fast_op(name) for name in names}
-    for name, f in fast.items():
-        setattr(zonos.ops, name, _on_cuda(f, _references[name]))
-
-
-def disable_triton_ops() -> None:
-    """Back to the torch references for every op."""
-    for name, reference in _references.items():
-        setattr(zonos.ops, name, reference)
+    fast = {name: _on_cuda(fast_op(name), base.op(name)) for name in names}
+    return base.replace(f"{base.name}+triton" if base.name != "torch" else "triton", **fast)

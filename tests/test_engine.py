@@ -1,0 +1,208 @@
+"""The engine's request slots on tiny float64 models (CPU): requests decoded side by side, joining and leaving at
+different steps, give exactly the codes and streamed audio they give alone; cancelling frees a slot and leaves
+the others unchanged; concurrent use of one model (interleaved iterators, a one-shot call while a stream is open,
+threads) is correct; a full queue, an over-long request, an abandoned iterator and a shut-down engine behave."""
+
+import gc
+import threading
+
+import pytest
+import torch
+
+from tests.test_model import _prefix
+from tests.tiny import tiny_model
+from zonos.engine import Engine
+from zonos.errors import EngineClosedError, EngineFullError, ZonosInputError
+from zonos.ops.backend import REFERENCE
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    m = tiny_model(tmp_path_factory.mktemp("engine"), dtype=torch.float64, max_seqlen=160)
+    m.autoencoder.dac.double()
+    m.start_engine(slots=4)
+    return m
+
+
+TEXTS = ["Hello there.", "A second, longer sentence to speak.", "Three!", "Numbers: 12 and 7."]
+SETTINGS = [
+    dict(max_new_tokens=30),
+    dict(max_new_tokens=22, sampling_params={"temperature": 0.8, "top_k": 50, "repetition_penalty": 2.0}),
+    dict(max_new_tokens=26, cfg_scale=1.0, sampling_params={"top_p": 0.9, "min_p": 0.0}),
+    dict(max_new_tokens=18, sampling_params={"linear": 0.6, "conf": 0.2, "quad": 0.1, "repetition_penalty_window": 4}),
+]
+
+
+@pytest.fixture(scope="module")
+def prefixes(model):
+    return [_prefix(model, text) for text in TEXTS]
+
+
+def _kwargs(i, **extra):
+    return dict(SETTINGS[i], progress_bar=False, generator=torch.Generator().manual_seed(100 + i), **extra)
+
+
+@pytest.fixture(scope="module")
+def solo(model, prefixes):
+    """Each request alone: one-shot codes and streamed chunks."""
+    out = []
+    for i, p in enumerate(prefixes):
+        codes = model.generate(p, **_kwargs(i))
+        chunks = list(model.generate(p, **_kwargs(i, stream=True, chunk_frames=4)))
+        out.append((codes, chunks))
+    return out
+
+
+def _audio(chunks):
+    return torch.cat([c.audio for c in chunks], -1)
+
+
+def test_solo_stream_equals_solo_one_shot(model, solo):
+    for codes, chunks in solo:
+        assert torch.equal(torch.cat([c.codes for c in chunks], -1), codes)
+        ref = model.autoencoder.decode(codes)
+        assert torch.allclose(_audio(chunks), ref, rtol=0, atol=1e-9)
+
+
+def test_requests_joining_at_different_steps_equal_their_solo_runs(model, prefixes, solo):
+    """Request 0 starts alone; each callback submits the next request at a chosen step of the running one, so
+    they join mid-flight, run in different buckets and leave at different steps."""
+    handles = {}
+    joins = {0: 3, 1: 5, 2: 2}  # request i submits request i + 1 at its step joins[i]
+
+    def submitter(i):
+        def callback(frame, step, max_steps):
+            if step == joins.get(i) and i + 1 not in handles:
+                handles[i + 1] = model.submit(prefixes[i + 1], **_kwargs(i + 1, stream=i % 2 == 0, chunk_frames=4,
+                                                                             callback=submitter(i + 1)))
+            return True
+
+        return callback
+
+    handles[0] = model.submit(prefixes[0], **_kwargs(0, stream=True, chunk_frames=4, callback=submitter(0)))
+    chunks0 = list(handles[0])
+    results = {0: chunks0}
+    for i in (1, 2, 3):
+        h = handles[i]
+        results[i] = list(h) if h.request.stream else h.result()
+    for i, got in results.items():
+        codes, chunks = solo[i]
+        if isinstance(got, list):
+            assert torch.equal(torch.cat([c.codes for c in got], -1), codes), i
+            assert torch.equal(_audio(got), _audio(chunks)), i
+        else:
+            assert torch.equal(got, codes), i
+
+
+def test_cancelled_request_frees_its_slot_and_leaves_the_others_alone(model, prefixes, solo):
+    other = model.submit(prefixes[1], **_kwargs(1))
+    victim = model.submit(prefixes[0], **_kwargs(0, stream=True, chunk_frames=2))
+    it = iter(victim)
+    next(it)
+    victim.cancel()
+    assert list(it) == []
+    assert torch.equal(other.result(), solo[1][0])
+    again = model.generate(prefixes[0], **_kwargs(0))
+    assert torch.equal(again, solo[0][0])
+    assert not model.engine.busy
+
+
+def test_interleaved_iterators(model, prefixes, solo):
+    a = model.generate(prefixes[0], **_kwargs(0, stream=True, chunk_frames=4))
+    b = model.generate(prefixes[3], **_kwargs(3, stream=True, chunk_frames=4))
+    got_a, got_b = [], []
+    live = {"a": (a, got_a), "b": (b, got_b)}
+    while live:  # alternate between the two iterators until both end
+        for name in list(live):
+            it, got = live[name]
+            try:
+                got.append(next(it))
+            except StopIteration:
+                del live[name]
+    assert torch.equal(_audio(got_a), _audio(solo[0][1]))
+    assert torch.equal(_audio(got_b), _audio(solo[3][1]))
+
+
+def test_one_shot_call_while_a_stream_is_open(model, prefixes, solo):
+    a = model.generate(prefixes[0], **_kwargs(0, stream=True, chunk_frames=4))
+    first = next(a)
+    codes = model.generate(prefixes[2], **_kwargs(2))
+    rest = list(a)
+    assert torch.equal(codes, solo[2][0])
+    assert torch.equal(torch.cat([c.codes for c in [first, *rest]], -1), solo[0][0])
+
+
+def test_two_threads(model, prefixes, solo):
+    out = {}
+
+    def run(i):
+        out[i] = model.generate(prefixes[i], **_kwargs(i))
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in (1, 3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert torch.equal(out[1], solo[1][0]) and torch.equal(out[3], solo[3][0])
+
+
+def test_abandoned_iterator_frees_its_slot(model, prefixes, solo):
+    a = model.generate(prefixes[0], **_kwargs(0, stream=True, chunk_frames=2))
+    next(a)
+    del a
+    gc.collect()
+    assert torch.equal(model.generate(prefixes[1], **_kwargs(1)), solo[1][0])
+    for _ in range(200):
+        if not model.engine.busy:
+            break
+        threading.Event().wait(0.01)
+    assert not model.engine.busy
+
+
+def test_bad_requests(model, prefixes, tmp_path):
+    with pytest.raises(ZonosInputError, match="max_seqlen"):
+        model.generate(prefixes[0], max_new_tokens=150, progress_bar=False)
+    with pytest.raises(ZonosInputError, match="slots"):
+        model.generate(prefixes[0], max_new_tokens=4, batch_size=5, progress_bar=False)
+    small = Engine(model, slots=1, queue_size=1)
+    gate = threading.Event()
+
+    def request(**kw):
+        return model._request(prefixes[0], None, 12, 2.0, 1, None, None, **kw)
+
+    try:
+        running = small.submit(request(callback=lambda *a: gate.wait(30)))  # holds the only slot until the gate opens
+        for _ in range(1000):
+            if small.active:
+                break
+            threading.Event().wait(0.01)
+        queued = small.submit(request())
+        with pytest.raises(EngineFullError, match="queue is full"):
+            small.submit(request())
+        gate.set()
+        assert running.result().shape[:2] == (1, 9) and queued.result().shape[:2] == (1, 9)
+    finally:
+        gate.set()
+        small.shutdown()
+    with pytest.raises(EngineClosedError, match="shut down"):
+        small.submit(request())
+
+
+def test_backend_switch_takes_effect_at_the_next_request(model, prefixes, solo):
+    """The ops a request runs come from the model's backend object: swapping it (what use_accelerators does) is
+    seen by the next request, and nothing process-wide changes."""
+    calls = []
+
+    def counting_linear(x, w, b=None):
+        calls.append(1)
+        return REFERENCE.linear(x, w, b)
+
+    model.set_backend(REFERENCE.replace("counting", linear=counting_linear))
+    try:
+        codes = model.generate(prefixes[0], **_kwargs(0))
+    finally:
+        model.set_backend(REFERENCE)
+    assert calls and torch.equal(codes, solo[0][0])
+    n = len(calls)
+    model.generate(prefixes[0], **_kwargs(0))
+    assert len(calls) == n

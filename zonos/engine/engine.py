@@ -1,0 +1,652 @@
+"""The engine: every generation is a request on it.
+
+An :class:`Engine` owns a model's decode state (:class:`~zonos.engine.slots.Slots`), a queue of requests and a
+worker thread that runs them. A request joins a free slot between decode steps (its prefill runs on a 2-row
+staging state, which is then copied into the slot), advances one frame per step alongside the other slots, and
+leaves at EOS, at its length, when its callback says stop, or when it is cancelled, freeing the slot at once.
+Each step runs the smallest bucket of slots (1, 2, 4, ..., ``slots``) that holds every active one, so a
+lightly loaded engine pays for few rows.
+
+Results reach the caller through a :class:`RequestHandle`: the one-shot codes (:meth:`RequestHandle.result`) or,
+for a stream, the :class:`~zonos.streaming.AudioChunk` s as they are decoded (iterate the handle). Submitting is
+thread-safe, so many threads (or an asyncio loop, through ``run_in_executor``) can share one engine; a request
+runs the same tensors alone or beside others, so its codes do not depend on what else runs (exactly, in float64
+on the CPU).
+
+With ``graphs`` (a :class:`zonos_accel.graphs.GraphCache`, which ``Zonos.use_accelerators`` sets up on CUDA),
+the decode step of each (bucket, sampling features, backend) and each prefill piece are captured once and
+replayed; the key includes the model's backend, so switching accelerators takes effect at the next step.
+"""
+
+from __future__ import annotations
+
+import math
+import queue
+import threading
+import time
+import weakref
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import torch
+
+from zonos.codebook_pattern import N_CODEBOOKS, UNKNOWN, apply_delay_pattern
+from zonos.engine.sampler import features, noise_keys, row_params_for, sample_rows
+from zonos.engine.slots import MAX_WINDOW, Slots
+from zonos.errors import EngineClosedError, EngineFullError, ZonosInputError
+from zonos.sampling import SamplingParams
+from zonos.streaming import AudioChunk, ChunkAssembler, playable
+
+SYNC_EVERY = 4  # steps between reads of the slots' active flags (see Engine._watch); docs/BENCHMARKS.md decisions
+JOIN_MARGIN_S = 0.05  # audio a running stream keeps buffered while requests join (see Engine._admit)
+_DONE = object()  # end of a handle's items
+
+
+@dataclass
+class Request:
+    """One generation: ``batch_size`` sequences continuing one conditioning prefix.
+
+    Attributes:
+        prefix: (2, L, d) cond ‖ uncond rows from ``prepare_conditioning`` (shared by the batch), or
+            (2·batch_size, L, d): batch_size cond rows, then as many uncond rows; with ``cfg_scale`` 1.0 the
+            cond rows alone may be given.
+        audio_prefix_codes: (1 or batch_size, 9, T) codes to continue (included in the result), or None.
+        max_new_tokens: most frames to generate.
+        cfg_scale: classifier-free guidance (1.0: the conditional logits alone).
+        sampling: the sampling parameters.
+        seeds: one noise seed per sequence (``Zonos.generate`` draws them from its generator).
+        stream: hand out audio chunks as frames complete instead of the codes at the end.
+        first_chunk_frames, chunk_frames: the stream's chunk schedule (see :mod:`zonos.streaming`).
+        callback: ``callback(frame, step, max_steps)`` after each decode step, on the engine's thread; a
+            falsy return stops the request (upstream's rule: only a true value continues).
+        logits_processor: ``fn(logits (b, 9, V) float, step (b,) int64) -> logits``, applied to this request's
+            rows before sampling: tensor work only (it is captured in CUDA graphs), e.g. to suppress EOS.
+        progress: a tqdm-like bar advanced once per decode step, or None.
+    """
+
+    prefix: torch.Tensor
+    audio_prefix_codes: torch.Tensor | None = None
+    max_new_tokens: int = 86 * 30
+    cfg_scale: float = 2.0
+    batch_size: int = 1
+    sampling: SamplingParams = field(default_factory=lambda: SamplingParams(min_p=0.1))
+    seeds: list[int] = field(default_factory=lambda: [0])
+    stream: bool = False
+    first_chunk_frames: int = 1
+    chunk_frames: int = 16
+    callback: Callable | None = None
+    logits_processor: Callable | None = None
+    progress: object | None = None
+
+
+class RequestHandle:
+    """What :meth:`Engine.submit` returns: iterate it for a stream's chunks, or call :meth:`result` for the codes.
+
+    Closing (:meth:`cancel`, leaving a ``with`` block, or dropping the last reference) cancels the request; its
+    slot is free at the next step. Errors raised while the request ran are raised here.
+    """
+
+    def __init__(self, engine: Engine, request: Request):
+        self._engine = weakref.ref(engine)
+        self.request = request
+        self._items: queue.Queue = queue.Queue()
+        self.cancelled = False
+        self.done = False
+        self.ttfa: float | None = None  # seconds from submit to the first chunk handed out (streams)
+        self.submitted = time.perf_counter()
+
+    def __iter__(self) -> Iterator[AudioChunk]:
+        if not self.request.stream:
+            raise TypeError("a one-shot request has no chunks: call result()")
+        while True:
+            item = self._get()
+            if item is _DONE:
+                return
+            yield item
+
+    def result(self, timeout: float | None = None) -> torch.Tensor:
+        """The codes (batch, 9, frames) of a one-shot request, once it has finished."""
+        if self.request.stream:
+            raise TypeError("a stream hands out chunks: iterate the handle")
+        item = self._get(timeout)
+        if item is _DONE:
+            raise RuntimeError("the request was cancelled before it finished")
+        return item
+
+    def _get(self, timeout: float | None = None):
+        item = self._items.get(timeout=timeout)
+        if isinstance(item, BaseException):
+            self._items.put(_DONE)
+            raise item
+        if item is _DONE:
+            self._items.put(_DONE)  # later reads see the end too
+        return item
+
+    def cancel(self) -> None:
+        """Stop the request (queued or running); its slot is free at the next step. Idempotent."""
+        if self.done or self.cancelled:
+            return
+        self.cancelled = True
+        engine = self._engine()
+        if engine is not None:
+            engine._wake()
+
+    def __enter__(self) -> RequestHandle:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.cancel()
+
+    def __del__(self) -> None:
+        self.cancel()
+
+
+class _Job:
+    """A request in the engine: its handle, slots and host-side progress."""
+
+    def __init__(self, request: Request, handle: RequestHandle, processor: int):
+        self.request = request
+        self.handle = weakref.ref(handle)  # an abandoned handle cancels the job
+        self.items = handle._items
+        self.processor = processor
+        self.slots: list[int] = []
+        self.index: torch.Tensor | None = None  # the slots, as a device index
+        self.offset = 0  # host's count of the last written column (the device's while active)
+        self.limit = 0
+        self.max_steps = 0
+        self.steps = 0
+        self.assembler: ChunkAssembler | None = None
+        self.decoder = None
+        self.pending: deque[tuple[AudioChunk, object]] = deque()  # chunks whose audio is still on its way
+        self.first_audio: float | None = None  # perf_counter when the first chunk was handed out
+        self.audio_out = 0.0  # seconds of audio handed out
+
+    def cancelled(self) -> bool:
+        handle = self.handle()
+        return handle is None or handle.cancelled
+
+    def slack(self, now: float) -> float:
+        """Seconds of audio handed out that have not played yet (inf before the first chunk)."""
+        if self.first_audio is None:
+            return math.inf
+        return self.audio_out - (now - self.first_audio)
+
+
+class Engine:
+    """Runs :class:`Request` s for ``model`` in ``slots`` decode slots of up to ``max_seqlen`` backbone tokens.
+
+    Args:
+        model: a loaded :class:`zonos.model.Zonos`.
+        slots: requests (batch rows) decoded together; memory for them is allocated now.
+        max_seqlen: longest prefix + generated sequence a slot holds (default: the model's).
+        queue_size: requests that may wait for a slot; a submit beyond raises :class:`EngineFullError`.
+        graphs: a CUDA-graph cache (``zonos_accel.graphs.GraphCache``) or None for eager steps.
+    """
+
+    def __init__(self, model, slots: int = 4, max_seqlen: int | None = None, queue_size: int = 256, graphs=None):
+        if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
+            raise ZonosInputError(f"slots must be a positive int, got {slots!r}")
+        if isinstance(queue_size, bool) or not isinstance(queue_size, int) or queue_size < 0:
+            raise ZonosInputError(f"queue_size must be a non-negative int, got {queue_size!r}")
+        self.model = model
+        self.max_seqlen = max_seqlen or model.max_seqlen
+        self.device = model.device
+        check_memory(model, slots, self.max_seqlen)
+        self.slots = Slots(model, slots, self.max_seqlen)
+        self.staging = model.backbone.allocate_inference_state(2, self.max_seqlen)
+        self.queue_size = queue_size
+        self.graphs = graphs
+        self.vocoder_graphs = graphs is not None
+        self.buckets = tuple(sorted({min(2**i, slots) for i in range(slots.bit_length() + 1)}))
+        self._queue: deque[_Job] = deque()
+        self._running: list[_Job] = []
+        self._free = list(range(slots))
+        self._processors: list[Callable] = []
+        self._decoders: list = []  # idle streaming vocoders, reused (with their CUDA graphs) by later streams
+        self._cv = threading.Condition()
+        self._work = threading.RLock()  # held while the worker touches the model (accelerator switches wait)
+        self._closed = False
+        self._thread: threading.Thread | None = None
+        self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        self._side = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        self._watch = _ActiveWatch(slots, self.device)
+        self.steps = 0  # decode steps run
+        self.step_seconds = 0.0  # host time in them (wall: launches, or the whole step on the CPU)
+
+    # ------------------------------------------------------------------------------------------ public
+
+    def submit(self, request: Request) -> RequestHandle:
+        """Queue ``request`` (validated here, before any GPU work) and return its handle."""
+        self._check(request)
+        handle = RequestHandle(self, request)
+        with self._cv:
+            if self._closed:
+                raise EngineClosedError("the engine was shut down; create a new one (or load the model again)")
+            if len(self._queue) >= self.queue_size:
+                raise EngineFullError(
+                    f"the engine's queue is full ({self.queue_size} requests wait for its {self.slots.count} slots); "
+                    "retry later, or create the engine with more slots or a larger queue_size"
+                )
+            processor = 0
+            if request.logits_processor is not None:
+                if request.logits_processor not in self._processors:
+                    self._processors.append(request.logits_processor)
+                processor = self._processors.index(request.logits_processor) + 1
+            self._queue.append(_Job(request, handle, processor))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="zonos-engine", daemon=True)
+                self._thread.start()
+            self._cv.notify_all()
+        return handle
+
+    def shutdown(self, wait: bool = True) -> None:
+        """Cancel every request and stop the worker; later submits raise :class:`EngineClosedError`."""
+        with self._cv:
+            self._closed = True
+            self._cv.notify_all()
+        if wait and self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join()
+
+    @property
+    def busy(self) -> bool:
+        """Whether requests are queued or running."""
+        with self._cv:
+            return bool(self._queue or self._running)
+
+    @property
+    def queued(self) -> int:
+        return len(self._queue)
+
+    @property
+    def active(self) -> int:
+        return len(self._running)
+
+    def use_graphs(self, graphs) -> None:
+        """Capture and replay with ``graphs`` (a ``zonos_accel.graphs.GraphCache``; None: run eagerly) from the next
+        step on; idle streaming vocoders are dropped (their graphs replay the backend they captured)."""
+        with self._work:
+            self.graphs = graphs
+            self.vocoder_graphs = graphs is not None
+            self._decoders.clear()
+
+    def prepare_prefill(self) -> None:
+        """Capture every prefill piece size now (with graphs on), so no request of any prompt length captures."""
+        if self.graphs is None:
+            return
+        with self._work, torch.cuda.stream(self._stream) if self._stream is not None else _nothing():
+            self.graphs.prepare_prefill(self.model.backbone, self.staging)
+        if self._stream is not None:
+            self._stream.synchronize()
+
+    def idle(self) -> _Idle:
+        """A context in which no request runs (the worker waits): e.g. to switch accelerators."""
+        return _Idle(self._work)
+
+    # ----------------------------------------------------------------------------------------- checks
+
+    def _check(self, r: Request) -> None:
+        needed = r.prefix.shape[1] + (0 if r.audio_prefix_codes is None else r.audio_prefix_codes.shape[2])
+        needed += r.max_new_tokens + N_CODEBOOKS
+        if needed > self.max_seqlen:
+            raise ZonosInputError(
+                f"the prefix is {r.prefix.shape[1]} tokens and {r.max_new_tokens} new frames need {N_CODEBOOKS} "
+                f"more steps: {needed} > max_seqlen {self.max_seqlen}. Split the text into shorter pieces (e.g. "
+                "sentences), lower max_new_tokens, or load the model with a larger max_seqlen."
+            )
+        if r.batch_size > self.slots.count:
+            raise ZonosInputError(
+                f"batch_size {r.batch_size} needs as many slots, and this engine has {self.slots.count}: create it "
+                "with more slots"
+            )
+        if r.sampling.repetition_penalty_window > MAX_WINDOW:
+            raise ZonosInputError(
+                f"repetition_penalty_window {r.sampling.repetition_penalty_window} exceeds the {MAX_WINDOW} columns "
+                "a slot keeps; use a shorter window"
+            )
+        if len(r.seeds) != r.batch_size:
+            raise ZonosInputError(f"a request needs one seed per sequence: {len(r.seeds)} for batch {r.batch_size}")
+
+    # ------------------------------------------------------------------------------------------ worker
+
+    def _wake(self) -> None:
+        with self._cv:
+            self._cv.notify_all()
+
+    def _run(self) -> None:
+        stream = torch.cuda.stream(self._stream) if self._stream is not None else _nothing()
+        with torch.inference_mode(), stream:
+            while True:
+                with self._cv:
+                    self._drop_cancelled_queued()
+                    while not self._closed and not self._queue and not self._running:
+                        self._cv.wait()
+                        self._drop_cancelled_queued()
+                    if self._closed:
+                        break
+                with self._work:
+                    try:
+                        self._iteration()
+                    except Exception as err:  # noqa: BLE001 - a failed step fails the requests in it, not the engine
+                        for job in list(self._running):
+                            self._fail(job, err)
+            self._close_all()
+
+    def _iteration(self) -> None:
+        for job in list(self._running):
+            if job.cancelled():
+                self._end(job, deliver=False)
+        for job in self._admit():
+            self._start(job)
+        if self._running:
+            self._step()
+
+    def _drop_cancelled_queued(self) -> None:
+        for job in [j for j in self._queue if j.cancelled()]:
+            self._queue.remove(job)
+            job.items.put(_DONE)
+
+    def _admit(self) -> list[_Job]:
+        """Queued requests that get slots now. While streams play, joins stop once their prefills would eat the
+        audio the most-starved stream has buffered beyond ``JOIN_MARGIN_S`` (one join per step always goes)."""
+        now = time.perf_counter()
+        budget = min((job.slack(now) for job in self._running if job.request.stream), default=math.inf)
+        budget -= JOIN_MARGIN_S
+        joins: list[_Job] = []
+        with self._cv:
+            while self._queue and len(self._free) >= self._queue[0].request.batch_size:
+                if joins and budget <= 0:
+                    break
+                job = self._queue.popleft()
+                job.slots = [self._free.pop(0) for _ in range(job.request.batch_size)]
+                self._free.sort()
+                joins.append(job)
+                budget -= self._prefill_estimate
+        return joins
+
+    _prefill_estimate = 0.02  # seconds a join is assumed to cost until one has been measured
+
+    def _start(self, job: _Job) -> None:
+        started = time.perf_counter()
+        try:
+            self._prefill(job)
+        except Exception as err:  # noqa: BLE001 - the request's error goes to its caller; the engine goes on
+            self._fail(job, err)
+            return
+        self._running.append(job)
+        self._prefill_estimate = 0.5 * self._prefill_estimate + 0.5 * (time.perf_counter() - started)
+
+    def _prefill(self, job: _Job) -> None:
+        """Prefill each sequence of the request on the staging state, sample its first token, load its slot."""
+        model, r = self.model, job.request
+        device = self.device
+        b = r.batch_size
+        prefix = r.prefix.to(device, model.dtype)
+        audio = r.audio_prefix_codes
+        audio_len = 0 if audio is None else audio.shape[2]
+        columns = audio_len + r.max_new_tokens + N_CODEBOOKS
+        codes = torch.full((b, N_CODEBOOKS, audio_len + r.max_new_tokens), UNKNOWN, device=device, dtype=torch.long)
+        if audio is not None:
+            codes[..., :audio_len] = audio.to(device).long()
+        delayed = apply_delay_pattern(codes, model.masked_token_id)
+        offset = audio_len + 1
+        job.offset, job.limit, job.max_steps = offset, columns - 1, columns - offset
+        job.index = torch.tensor(job.slots, device=device)
+        rows_per_item = prefix.shape[0] == (b if r.cfg_scale == 1.0 else 2 * b) and b > 1
+        for i, slot in enumerate(job.slots):
+            if i == 0 or rows_per_item or audio is not None and audio.shape[0] > 1:
+                rows = _pair(prefix, i, b, r.cfg_scale)
+                hidden = torch.cat([rows, model.embed_codes(delayed[i : i + 1, :, :offset]).expand(2, -1, -1)], dim=1)
+                self.staging.reset()
+                last = self._backbone_prefill(hidden)[:, -1]
+                cfg = torch.full((1,), float(r.cfg_scale), device=device)
+                logits = model.guided_logits(last, cfg)
+            seed, step = torch.tensor([r.seeds[i]], device=device), torch.zeros(1, dtype=torch.long, device=device)
+            if r.logits_processor is not None:
+                logits = r.logits_processor(logits, step)
+            none = torch.zeros(1, MAX_WINDOW, dtype=torch.bool, device=device)
+            recent = torch.zeros(1, N_CODEBOOKS, MAX_WINDOW, dtype=torch.long, device=device)
+            tokens = sample_rows(
+                logits, row_params_for(r.sampling, device), recent, none, noise_keys(seed, step), features([r.sampling])
+            )
+            column = delayed[i, :, offset]
+            delayed[i, :, offset] = torch.where(column == UNKNOWN, tokens[0], column)
+            self.slots.load(
+                slot, self.staging, hidden.shape[1], delayed[i], offset, job.limit, r.cfg_scale, r.seeds[i],
+                r.sampling, job.processor,
+            )
+        if r.stream:
+            job.decoder = self._decoder()
+            job.assembler = ChunkAssembler(job.decoder, model.eos_token_id, r.first_chunk_frames, r.chunk_frames, self._side)
+
+    def _backbone_prefill(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The backbone over ``hidden`` (2, l, d) on the staging state; CUDA-graph pieces when graphs are on."""
+        if self.graphs is None:
+            return self.model.backbone(hidden, self.staging)
+        return self.graphs.prefill(self.model.backbone, hidden, self.staging)
+
+    def _decoder(self):
+        from zonos.codec.streaming import StreamingDACDecoder
+
+        if self._decoders:
+            return self._decoders.pop()
+        return StreamingDACDecoder(self.model.autoencoder, cuda_graphs=self.vocoder_graphs)
+
+    def _step(self) -> None:
+        started = time.perf_counter()
+        slots = self.slots
+        top = max(s for job in self._running for s in job.slots) + 1
+        n = next(b for b in self.buckets if b >= top)
+        use = features([job.request.sampling for job in self._running])
+        processors = tuple(self._processors)
+        if self.graphs is None:
+            slots.step(n, use, processors)
+        else:
+            self.graphs.step(slots, n, use, processors, self.model.backbone.ops)
+        self.steps += 1
+        self.step_seconds += time.perf_counter() - started
+        for job in self._running:
+            if job.offset < job.limit:
+                job.offset += 1
+                job.steps += 1
+        for job in list(self._running):
+            self._after_step(job)
+        ended = self._watch.poll(self.steps, slots.active)
+        if ended is not None:
+            for job in list(self._running):
+                if all(ended[s] for s in job.slots):
+                    self._end(job, deliver=True)
+
+    def _after_step(self, job: _Job) -> None:
+        r = job.request
+        try:
+            if r.progress is not None:
+                r.progress.update()
+            if r.callback is not None:
+                frame = self.slots.delayed[job.index, :, job.offset : job.offset + 1]
+                if not r.callback(frame, job.steps, job.max_steps):
+                    self._end(job, deliver=True)
+                    return
+            if job.assembler is not None:
+                self._hand_out(job)
+                if job.assembler.due(job.offset):
+                    job.assembler.take(self._delayed(job), job.offset)
+                    if job.assembler.finished:
+                        self._end(job, deliver=True)
+                        return
+                    job.pending.append(job.assembler.vocode(final=False))
+                    self._hand_out(job, wait_first=True)
+            if job.offset >= job.limit:
+                self._end(job, deliver=True)
+        except Exception as err:  # noqa: BLE001 - e.g. a callback's error: it ends this request only
+            self._fail(job, err)
+
+    def _delayed(self, job: _Job) -> torch.Tensor:
+        return self.slots.delayed[job.index, :, : job.offset + 1]
+
+    def _hand_out(self, job: _Job, wait_first: bool = False) -> None:
+        """Hand out the chunks whose audio has arrived, in order (waiting for the first audio of a stream)."""
+        while job.pending:
+            chunk, event = job.pending[0]
+            if event is not None and not event.query():
+                if not (wait_first and job.first_audio is None):
+                    return
+                event.synchronize()
+            job.pending.popleft()
+            if job.first_audio is None and chunk.audio.shape[-1]:
+                job.first_audio = time.perf_counter()
+                handle = job.handle()
+                if handle is not None:
+                    handle.ttfa = job.first_audio - handle.submitted
+            job.audio_out += chunk.audio.shape[-1] / self.model.autoencoder.sampling_rate
+            job.items.put(chunk)
+
+    def _end(self, job: _Job, deliver: bool) -> None:
+        """Finish ``job`` (its result or last chunk out when ``deliver``) and free its slots."""
+        if job in self._running:
+            self._running.remove(job)
+        try:
+            if deliver and not job.cancelled():
+                offset = int(self.slots.offset[job.index].max())
+                if job.assembler is None:
+                    job.items.put(_frames(self.slots.delayed[job.index, :, : job.limit + 1], offset, self.model.eos_token_id))
+                else:
+                    job.assembler.take(self.slots.delayed[job.index, :, : offset + 1], offset)
+                    job.pending.append(job.assembler.vocode(final=True))
+                    for _, event in job.pending:
+                        if event is not None:
+                            event.synchronize()
+                    self._hand_out(job)
+        except Exception as err:  # noqa: BLE001
+            job.items.put(err)
+        finally:
+            self._release(job)
+            job.items.put(_DONE)
+            handle = job.handle()
+            if handle is not None:
+                handle.done = True
+
+    def _fail(self, job: _Job, err: BaseException) -> None:
+        if job in self._running:
+            self._running.remove(job)
+        job.items.put(err)
+        self._release(job)
+        job.items.put(_DONE)
+
+    def _release(self, job: _Job) -> None:
+        for s in job.slots:
+            self.slots.release(s)
+        with self._cv:
+            self._free = sorted(set(self._free) | set(job.slots))
+        job.slots = []
+        if job.decoder is not None:
+            if self._side is not None:
+                self._side.synchronize()
+            job.decoder.reset()
+            self._decoders.append(job.decoder)
+            job.decoder = None
+
+    def _close_all(self) -> None:
+        with self._cv:
+            queued, self._queue = list(self._queue), deque()
+        for job in queued + list(self._running):
+            job.items.put(EngineClosedError("the engine was shut down before the request finished"))
+            self._release(job)
+            job.items.put(_DONE)
+        self._running.clear()
+
+
+def _frames(delayed: torch.Tensor, offset: int, eos_token_id: int) -> torch.Tensor:
+    """One-shot result: frames complete once column ``offset`` is written, cut before the EOS frame when every
+    row has one (upstream's length), EOS/MASK/unwritten codes as 0."""
+    from zonos.codebook_pattern import revert_delay_pattern
+
+    codes = revert_delay_pattern(delayed)[..., : max(offset - N_CODEBOOKS + 1, 0)]
+    eos = codes[:, 0] == eos_token_id
+    if codes.shape[-1] and bool(eos.any(-1).all()):
+        codes = codes[..., : int(eos.int().argmax(-1).max())]
+    return playable(codes).cpu() if codes.is_cuda else playable(codes)
+
+
+def _pair(prefix: torch.Tensor, i: int, batch: int, cfg_scale: float) -> torch.Tensor:
+    """Sequence ``i``'s (cond, uncond) prefix rows (2, L, d). With guidance off only the cond row counts (it goes
+    in twice; the second row's logits are not used): row ``i`` of one cond row per sequence, else row 0."""
+    n = prefix.shape[0]
+    if cfg_scale == 1.0:
+        row = i if n == batch else 0
+        return prefix[row : row + 1].expand(2, -1, -1)
+    if n == 2:
+        return prefix
+    return torch.stack([prefix[i], prefix[batch + i]])
+
+
+class _ActiveWatch:
+    """The slots' active flags, read without draining the GPU's queue: every ``SYNC_EVERY`` steps they are copied
+    to pinned host memory behind an event and read ``SYNC_EVERY`` steps later, when the GPU has normally passed
+    them (reading at once would stall the host until the queue drains, then leave the GPU idle while it
+    refills). An end is seen fewer than ``2 * SYNC_EVERY`` steps after it happens; on the CPU at once."""
+
+    def __init__(self, slots: int, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.flags = torch.zeros(slots, dtype=torch.bool, pin_memory=self.cuda)
+        self.event = torch.cuda.Event() if self.cuda else None
+        self.submitted: int | None = None
+
+    def poll(self, step: int, active: torch.Tensor) -> list[bool] | None:
+        """Per slot whether it has ended (as of a recent step), or None when nothing new was read."""
+        if not self.cuda:
+            return (~active).tolist()
+        ended = None
+        if self.submitted is not None and step - self.submitted >= SYNC_EVERY:
+            self.event.synchronize()
+            ended = (~self.flags).tolist()
+            self.submitted = None
+        if self.submitted is None and step % SYNC_EVERY == 0:
+            self.flags.copy_(active, non_blocking=True)
+            self.event.record()
+            self.submitted = step
+        return ended
+
+
+class _Idle:
+    def __init__(self, lock: threading.RLock):
+        self.lock = lock
+
+    def __enter__(self):
+        self.lock.acquire()
+
+    def __exit__(self, *exc):
+        self.lock.release()
+
+
+class _nothing:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return None
+
+
+def slot_bytes(model, max_seqlen: int) -> int:
+    """Device bytes one slot's decode state takes (two backbone rows of caches and its delayed codes)."""
+    state = model.backbone.allocate_inference_state(2, max_seqlen, device="meta")
+    caches = sum(
+        t.numel() * t.element_size() for c in state.caches for t in (getattr(c, a) for a in ("k", "v", "conv", "ssm") if hasattr(c, a))
+    )
+    return caches + N_CODEBOOKS * max_seqlen * 8
+
+
+def check_memory(model, slots: int, max_seqlen: int, headroom: float = 0.1) -> None:
+    """Raise a clear error (naming the most slots that fit) when ``slots`` slots of ``max_seqlen`` tokens would not
+    fit in the GPU's free memory, keeping ``headroom`` of it (and 2 GiB) for activations, graphs and vocoders."""
+    if model.device.type != "cuda":
+        return
+    free, _ = torch.cuda.mem_get_info(model.device)
+    per_slot = slot_bytes(model, max_seqlen)
+    usable = free * (1 - headroom) - 2 * 2**30 - per_slot  # the staging state is one slot more
+    if slots * per_slot > usable:
+        fits = max(int(usable // per_slot), 0)
+        raise ZonosInputError(
+            f"{slots} slots of {max_seqlen} tokens need {slots * per_slot / 2**30:.1f} GiB, and {free / 2**30:.1f} GiB "
+            f"of the GPU is free: at most {fits} slots fit at this max_seqlen (or lower max_seqlen)"
+        )

@@ -1,0 +1,152 @@
+"""The engine's slots: per-request decode state at fixed addresses, and one decode step over a bucket of them.
+
+Slot ``s`` owns backbone rows ``2s`` (conditional) and ``2s + 1`` (unconditional) of one
+:class:`~zonos.backbone.InferenceState`, row ``s`` of the delayed codes and of every per-request tensor
+(column offset, remaining steps, guidance scale, seed, sampling parameters). A step over the first ``n`` slots
+(a *bucket*) is tensor work only, no host reads: it gathers each slot's last column and repetition window,
+runs the backbone step on rows ``0 .. 2n``, guides, samples and writes each active slot's next column. A slot
+is active while it has steps left (EOS not yet through the last codebook) and columns left; an inactive slot
+in the bucket is computed but changes nothing a request reads, so a CUDA graph of the step serves every mix of
+requests.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from zonos.backbone import InferenceState
+from zonos.backbone.attention import KVCache
+from zonos.backbone.mamba2 import Mamba2Cache
+from zonos.codebook_pattern import N_CODEBOOKS, UNKNOWN
+from zonos.engine.sampler import RowParams, noise_keys, sample_rows
+from zonos.sampling import SamplingParams
+
+MAX_WINDOW = 64  # longest repetition-penalty window a slot holds (upstream's default is 2)
+
+
+def row_view(state: InferenceState, start: int, stop: int) -> InferenceState:
+    """Rows ``start .. stop`` of ``state`` as a state of their own (views: same memory, same addresses)."""
+    caches = [
+        KVCache(c.k[start:stop], c.v[start:stop]) if isinstance(c, KVCache) else Mamba2Cache(c.conv[start:stop], c.ssm[start:stop])
+        for c in state.caches
+    ]
+    view = InferenceState(caches, stop - start, state.max_seqlen, state.position.device)
+    view.position = state.position[start:stop]
+    view.seqlen = None
+    return view
+
+
+def copy_rows(dst: InferenceState, start: int, src: InferenceState, length: int) -> None:
+    """Copy ``src``'s rows (all of them, ``length`` tokens consumed) into ``dst``'s rows from ``start``."""
+    stop = start + src.batch_size
+    for d, s in zip(dst.caches, src.caches):
+        if isinstance(d, KVCache):
+            d.k[start:stop, :length].copy_(s.k[:, :length])
+            d.v[start:stop, :length].copy_(s.v[:, :length])
+        else:
+            d.conv[start:stop].copy_(s.conv)
+            d.ssm[start:stop].copy_(s.ssm)
+    dst.position[start:stop].fill_(length)
+
+
+class Slots:
+    """``count`` slots of up to ``max_seqlen`` backbone tokens each, for ``model`` (see the module docstring)."""
+
+    def __init__(self, model, count: int, max_seqlen: int):
+        device = model.device
+        self.model = model
+        self.count = count
+        self.max_seqlen = max_seqlen
+        self.state = model.backbone.allocate_inference_state(2 * count, max_seqlen)
+        self.state.seqlen = None  # rows advance separately; the engine checks each request's length
+        i64 = dict(device=device, dtype=torch.int64)
+        self.delayed = torch.full((count, N_CODEBOOKS, max_seqlen), UNKNOWN, **i64)
+        self.offset = torch.zeros(count, **i64)  # last written column
+        self.limit = torch.zeros(count, **i64)  # last column the request may write
+        self.remaining = torch.zeros(count, **i64)  # steps left (EOS bookkeeping); 0: inactive
+        self.stopping = torch.zeros(count, device=device, dtype=torch.bool)
+        self.cfg = torch.ones(count, device=device, dtype=torch.float32)
+        self.seeds = torch.zeros(count, **i64)
+        self.steps = torch.zeros(count, **i64)  # the request's step index, for its noise
+        self.processor = torch.zeros(count, **i64)  # index into the engine's logits processors (0: none)
+        self.params = RowParams.allocate(count, device)
+        self.active = torch.zeros(count, device=device, dtype=torch.bool)  # after the last step
+        self._window = torch.arange(MAX_WINDOW, device=device)
+        self._codebook = torch.arange(N_CODEBOOKS, device=device)
+
+    def load(
+        self,
+        slot: int,
+        staging: InferenceState,
+        length: int,
+        delayed: torch.Tensor,
+        offset: int,
+        limit: int,
+        cfg_scale: float,
+        seed: int,
+        params: SamplingParams,
+        processor: int,
+    ) -> None:
+        """Put a prefilled request into ``slot``: its 2-row backbone state after ``length`` tokens, its delayed
+        codes (9, columns) written up to column ``offset``, its last column ``limit`` and settings."""
+        copy_rows(self.state, 2 * slot, staging, length)
+        self.delayed[slot].fill_(UNKNOWN)
+        self.delayed[slot, :, : delayed.shape[-1]].copy_(delayed)
+        self.offset[slot] = offset
+        self.limit[slot] = limit
+        self.remaining[slot] = limit + 1 - offset
+        self.stopping[slot] = False
+        self.cfg[slot] = cfg_scale
+        self.seeds[slot] = seed
+        self.steps[slot] = 1
+        self.processor[slot] = processor
+        self.params.set_row(slot, params)
+        self.active[slot] = True
+
+    def release(self, slot: int) -> None:
+        """Deactivate ``slot`` (a finished, stopped or cancelled request): later steps leave it alone."""
+        self.remaining[slot] = 0
+        self.active[slot] = False
+
+    def step(self, n: int, use: tuple[bool, ...], processors: tuple) -> None:
+        """One decode step of the first ``n`` slots (tensor work only; see the module docstring). ``use`` is
+        :func:`zonos.engine.sampler.features` of their requests, ``processors`` the engine's logits processors
+        (index ``i`` applies to the slots whose ``processor`` is ``i + 1``)."""
+        model = self.model
+        w = MAX_WINDOW
+        offset = self.offset[:n]
+        active = (self.remaining[:n] > 0) & (offset < self.limit[:n])
+        columns = offset[:, None] - (w - 1) + self._window  # (n, w): the last w written columns
+        valid = (columns >= 0) & (self._window >= w - self.params.window[:n, None])
+        recent = self.delayed[:n].gather(2, columns.clamp(min=0)[:, None, :].expand(n, N_CODEBOOKS, w))
+        last = torch.where(active[:, None, None], recent[..., -1:], model.masked_token_id)  # valid ids in idle slots
+        hidden = model.embed_codes(last).repeat_interleave(2, dim=0)  # (2n, 1, d)
+        rows = row_view(self.state, 0, 2 * n)
+        out = model.backbone.step(hidden, rows)[:, -1]
+        rows.position.sub_((~active).repeat_interleave(2).long())  # inactive rows stay where they are
+        logits = model.guided_logits(out, self.cfg[:n])
+        steps = self.steps[:n]
+        for i, processor in enumerate(processors, start=1):
+            logits = torch.where((self.processor[:n] == i)[:, None, None], processor(logits, steps), logits)
+        tokens = sample_rows(logits, self.params.head(n), recent, valid, noise_keys(self.seeds[:n], steps), use)
+
+        # EOS bookkeeping: after EOS in codebook 0, each later step writes EOS one codebook further (MASK before
+        # it), so all codebooks end together 9 steps later.
+        remaining = self.remaining[:n]
+        eos = tokens[:, 0] == model.eos_token_id
+        left = torch.where(eos, remaining.clamp(max=N_CODEBOOKS), remaining)
+        stopping = self.stopping[:n] | eos
+        eos_codebook = (N_CODEBOOKS - left).clamp(max=N_CODEBOOKS - 1)[:, None]
+        ending = stopping[:, None]
+        tokens = torch.where(ending & (self._codebook < eos_codebook), model.masked_token_id, tokens)
+        tokens = torch.where(ending & (self._codebook == eos_codebook), model.eos_token_id, tokens)
+        remaining.copy_(torch.where(active, left - 1, remaining))
+        self.stopping[:n].copy_(torch.where(active, stopping, self.stopping[:n]))
+
+        column = (offset + 1).clamp(max=self.max_seqlen - 1)[:, None, None].expand(n, N_CODEBOOKS, 1)
+        existing = self.delayed[:n].gather(2, column)[..., 0]
+        written = torch.where(active[:, None] & (existing == UNKNOWN), tokens, existing)
+        self.delayed[:n].scatter_(2, column, written[..., None])
+        offset.add_(active.long())
+        steps.add_(active.long())
+        self.active[:n].copy_((self.remaining[:n] > 0) & (offset < self.limit[:n]))

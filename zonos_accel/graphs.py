@@ -1,0 +1,128 @@
+"""One keyed cache of CUDA graphs for an engine: its decode steps and its prefill pieces.
+
+A decode step at Zonos-v0.1-hybrid size is ~400-1000 small kernels; launched one by one from Python the host
+cannot keep up with the GPU, so the engine replays each step from a graph. A graph is keyed by everything the
+captured code branches on or bakes in: the bucket of slots, the sampling filters in use, the logits
+processors, the model's backend (so switching accelerators captures anew) and the dtype. The step reads and
+writes only the engine's slot tensors, which keep their addresses, so one capture serves every later request.
+
+The first call of a key runs the work eagerly (the real step: lazy initialization, Triton JIT and autotuning,
+the CuTeDSL GEMV's compilation happen there, outside any capture) and then captures it without running it;
+later calls replay. Capturing runs the Python but no kernels, so the host-side bookkeeping that Python does
+(``InferenceState.seqlen``) is restored after it.
+
+Prefill is launch-bound too (~50 ms of host launches for a few ms of GPU work at ~120 tokens): the backbone
+over a prefill sequence runs as pieces whose sizes come from the fixed set :data:`PIECE_SIZES`, one graph per
+size, each replayed at any position (the backbone reads the start from the state's device ``position``).
+
+Every graph allocates from one memory pool: the engine runs them one after the other on one stream, and a
+piece's output is copied out before the next replay.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+# Piece sizes. A piece runs every layer once, so it reads every weight once (3.2 GB at Zonos-v0.1-hybrid size,
+# ~0.75 ms at the H200's read bandwidth) and replays ~1000 kernels. The schedule minimizes the number of
+# pieces: whole pieces of 256, then one multiple of 16, then one piece below 16, i.e. at most 2 pieces for any
+# length up to 256 (121 = 112 + 9) from 31 graphs, where binary sizes (256, 128, ..., 1) need up to 9 pieces.
+MAX_PIECE = 256
+PIECE_STEP = 16
+PIECE_SIZES = tuple(range(MAX_PIECE, 0, -PIECE_STEP)) + tuple(range(PIECE_STEP - 1, 0, -1))
+
+
+def prefill_pieces(length: int) -> list[int]:
+    """Sizes from :data:`PIECE_SIZES`, largest first, that add up to ``length`` (see the note above)."""
+    rest = length % MAX_PIECE
+    tail = [rest - rest % PIECE_STEP, rest % PIECE_STEP]
+    return [MAX_PIECE] * (length // MAX_PIECE) + [n for n in tail if n]
+
+
+class GraphCache:
+    """CUDA graphs of one engine's work on ``device``, keyed by what they depend on (see the module docstring).
+
+    ``captures`` and ``replays`` count what happened, for tests and benchmarks.
+    """
+
+    def __init__(self, device: torch.device | str):
+        device = torch.device(device)
+        if device.type != "cuda":
+            raise ValueError(f"CUDA graphs need a CUDA device, got {device}")
+        self.device = device
+        self._graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, object]] = {}
+        self._inputs: dict[tuple, torch.Tensor] = {}  # static prefill-piece inputs
+        self._pool = torch.cuda.graph_pool_handle()
+        self.captures = 0
+        self.replays = 0
+
+    def clear(self) -> None:
+        """Drop every graph (e.g. after the weights moved)."""
+        self._graphs.clear()
+        self._inputs.clear()
+
+    def run(self, key: tuple, fn: Callable[[], object], after_capture: Callable[[], None] | None = None):
+        """``fn()``: replayed from the graph of ``key``, or (the first time) run eagerly and then captured.
+
+        ``after_capture`` undoes the host-side effects of the capture's Python run. Returns the eager result the
+        first time and the graph's static result later (valid until the next replay)."""
+        entry = self._graphs.get(key)
+        if entry is not None:
+            entry[0].replay()
+            self.replays += 1
+            return entry[1]
+        result = fn()
+        if torch.cuda.current_stream(self.device) == torch.cuda.default_stream(self.device):
+            return result  # capture needs a side stream; the engine runs on one, others just run eagerly
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph, pool=self._pool, stream=torch.cuda.current_stream(self.device),
+                                  capture_error_mode="thread_local"):
+                static = fn()
+        finally:
+            if after_capture is not None:
+                after_capture()
+        self._graphs[key] = (graph, static)
+        self.captures += 1
+        return result
+
+    def step(self, slots, n: int, use: tuple[bool, ...], processors: tuple, backend) -> None:
+        """The engine's decode step over the first ``n`` slots."""
+        key = ("step", id(slots), n, use, processors, backend, slots.state.caches[0].__class__, slots.delayed.dtype)
+        self.run(key, lambda: slots.step(n, use, processors))
+
+    def prefill(self, backbone, hidden: torch.Tensor, state) -> torch.Tensor:
+        """``backbone(hidden, state)`` as graph pieces (the backbone's output for every position)."""
+        out = torch.empty_like(hidden)
+        start = 0
+        for n in prefill_pieces(hidden.shape[1]):
+            key = ("prefill", id(state), n, hidden.shape[0], hidden.dtype, backbone.ops)
+            static = self._inputs.get(key)
+            if static is None:
+                static = self._inputs[key] = torch.empty(hidden.shape[0], n, hidden.shape[2], device=hidden.device, dtype=hidden.dtype)
+            static.copy_(hidden[:, start : start + n])
+            seqlen = state.seqlen
+            first = key not in self._graphs
+
+            def restore(seqlen=seqlen + n):
+                state.seqlen = seqlen
+
+            piece = self.run(key, lambda: backbone(static, state), after_capture=restore)
+            if not first:
+                state.seqlen = seqlen + n  # what backbone.forward does on the host; the replay advanced position
+            out[:, start : start + n].copy_(piece)
+            start += n
+        return out
+
+    def prepare_prefill(self, backbone, state, sizes=PIECE_SIZES) -> None:
+        """Capture the prefill pieces of ``sizes`` now (on a reset ``state``), so no request captures them."""
+        d = backbone.config.d_model
+        dtype = backbone.norm_f.weight.dtype
+        for n in sizes:
+            if n > state.max_seqlen:
+                continue
+            state.reset()
+            self.prefill(backbone, torch.zeros(state.batch_size, n, d, device=self.device, dtype=dtype), state)
+        state.reset()

@@ -1,12 +1,17 @@
 #!/usr/bin/env python3
-"""A streaming web demo for Zonos text-to-speech (Gradio).
+"""A streaming web demo for Zonos text-to-speech: Gradio controls, raw PCM to the browser, Web Audio playback.
 
-Audio plays while it is generated: every :class:`zonos.streaming.AudioChunk` that
-``Zonos.generate(..., stream=True)`` hands out goes straight to a streaming ``gr.Audio`` output, and the
-time to the first audio is shown next to it.
+Generate does not go through Gradio's audio component (ffmpeg, AAC and HLS segments added 1.5 s before the
+first sound). The page's script (:data:`PLAYER_JS`) posts the controls' values to ``POST
+/zonos/stream``, a route mounted beside the Gradio app; the route answers with a stream of frames, float32
+PCM as each :class:`zonos.streaming.AudioChunk` of ``Zonos.generate(..., stream=True)`` arrives, and the
+script schedules every chunk on an ``AudioContext`` at once. The page shows the latency it measured (click
+to first sample scheduled) beside the server's time to first audio. The same inputs, with named parameters,
+are the Gradio API endpoint ``/synthesize``, which returns the whole utterance as a wav file (so
+``gradio_client`` gets audio back).
 
 Example:
-    pip install -e '.[demo]'          # also needs espeak-ng and ffmpeg from the system's package manager
+    pip install -e '.[demo]'          # also needs espeak-ng from the system's package manager
     python gradio_interface.py                                   # http://127.0.0.1:7860
     python gradio_interface.py --model ./my-zonos-dir --device cpu --port 8000
 """
@@ -14,13 +19,19 @@ Example:
 from __future__ import annotations
 
 import argparse
-import io
+import asyncio
+import contextlib
+import dataclasses
+import inspect
+import json
+import math
 import os
 import secrets
+import struct
 import threading
 import time
-import wave
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -28,22 +39,28 @@ import torch
 
 try:  # optional at import time, so `--help` and the helpers work without the demo extra
     import gradio as gr
+    from fastapi import Request  # gradio's dependency; at module level so the route's annotation resolves
 except ImportError:  # pragma: no cover - exercised only without the demo extra
-    gr = None
+    gr = Request = None
 
 from zonos.conditioning import make_cond_dict, normalize_language, supported_language_codes
+from zonos.errors import EngineFullError, ZonosInputError
 from zonos.model import DEFAULT_CHUNK_FRAMES, DEFAULT_FIRST_CHUNK_FRAMES, Zonos
 from zonos.utils import HelpFormatter
 
 __all__ = [
     "DEFAULT_MODELS",
     "EMOTIONS",
+    "FRAME_EVENT",
+    "FRAME_PCM",
     "ModelLoader",
     "ModelCache",
+    "SynthesisRequest",
+    "build_app",
     "build_demo",
-    "synthesize",
+    "decode_frames",
+    "synthesis_events",
     "to_int16",
-    "wav_bytes",
     "parse_args",
     "main",
 ]
@@ -67,16 +84,26 @@ DEFAULT_UNCONDITIONAL = ("emotion",)
 DEFAULT_TEXT = "Zonos uses eSpeak for text to phoneme conversion!"
 MIN_SPEAKER_SECONDS = 0.5  # the speaker embedding's minimum; several seconds of clean speech work best
 SILENT_RMS = 1e-4  # -80 dBFS: nothing to take a voice from
+MAX_PREFIX_SECONDS = 30.0  # a prefix clip is cut here: its codes share max_seqlen with the generated frames
+MAX_UPLOAD_BYTES = 50 * 1024 * 1024  # Gradio refuses larger uploads (a 30 s float32 stereo wav at 48 kHz is 11 MB)
 LOCK_TIMEOUT_S = 300.0  # how long a request waits for the previous one to release the model
+FIRST_SEND_WAIT_S = 0.25  # the most the decode loop waits for the route to write the first chunk
 MAX_SEED = 2**32 - 1
+
+# The stream's framing: a little-endian (kind, payload bytes) header, then the payload. An event's payload is a
+# UTF-8 JSON object with an "event" key (start, first_audio, done, error); a PCM payload is float32 samples.
+FRAME_HEADER = struct.Struct("<II")
+FRAME_EVENT = 1
+FRAME_PCM = 2
 
 ModelLoader = Callable[[str], Zonos]
 """Returns the loaded model for a name from the model dropdown (a Hub id or a local directory)."""
 
 # One generation at a time per process: the model keeps a single set of decode caches and one streaming
-# vocoder. A plain Lock (not an RLock) because Gradio may close a cancelled generator from another thread.
+# vocoder. A plain Lock (not an RLock): the stream route's worker thread releases what it acquired, and a
+# closed request must never leave it held.
 _generation_lock = threading.Lock()
-_speaker_cache: dict[tuple, torch.Tensor] = {}  # the last clip's embedding, keyed by model, path, size, mtime
+_upload_cache: dict[tuple, torch.Tensor] = {}  # the last clips' embedding / codes, keyed by kind, model, file
 
 
 def _require_gradio() -> Any:
@@ -90,195 +117,715 @@ def to_int16(audio: np.ndarray) -> np.ndarray:
     return np.round(np.clip(audio, -1.0, 1.0) * 32767.0).astype(np.int16)
 
 
-def wav_bytes(samples: np.ndarray, sample_rate: int) -> bytes:
-    """A mono 16-bit PCM wav file in memory (what Gradio's streaming ``gr.Audio`` takes per chunk)."""
-    buf = io.BytesIO()
-    with wave.open(buf, "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(int(sample_rate))
-        w.writeframes(np.ascontiguousarray(samples, dtype="<i2").tobytes())
-    return buf.getvalue()
+# ------------------------------------------------------------------------------------------------ the request
 
 
-def _error(message: str) -> Exception:
-    return _require_gradio().Error(message)
+@dataclasses.dataclass(frozen=True)
+class SynthesisRequest:
+    """Every control of the page, with the page's defaults; the Gradio API's parameters have these names.
+
+    ``speaker_audio`` and ``prefix_audio`` are paths of uploaded clips (or None). ``model_name`` None means
+    the first model offered. The sampler fields are :class:`zonos.sampling.SamplingParams`' (upstream's
+    unified sampler: ``linear``, ``conf``, ``quad``).
+    """
+
+    text: str = DEFAULT_TEXT
+    language: str = "en-us"
+    model_name: str | None = None
+    speaker_audio: str | None = None
+    prefix_audio: str | None = None
+    happiness: float = EMOTIONS[0][1]
+    sadness: float = EMOTIONS[1][1]
+    disgust: float = EMOTIONS[2][1]
+    fear: float = EMOTIONS[3][1]
+    surprise: float = EMOTIONS[4][1]
+    anger: float = EMOTIONS[5][1]
+    other: float = EMOTIONS[6][1]
+    neutral: float = EMOTIONS[7][1]
+    vq_score: float = 0.78
+    fmax: float = 22050.0
+    pitch_std: float = 45.0
+    speaking_rate: float = 15.0
+    dnsmos_ovrl: float = 4.0
+    speaker_noised: bool = False
+    unconditional_keys: tuple[str, ...] = DEFAULT_UNCONDITIONAL
+    cfg_scale: float = 2.0
+    temperature: float = 1.0
+    linear: float = 0.5
+    conf: float = 0.4
+    quad: float = 0.0
+    top_p: float = 0.0
+    top_k: int = 0
+    min_p: float = 0.0
+    repetition_penalty: float = 3.0
+    seed: int = 420
+    randomize_seed: bool = True
+    max_new_tokens: int = 86 * 30
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any]) -> SynthesisRequest:
+        """Check the types of JSON or Gradio values (numbers may come as floats from sliders).
+
+        Raises:
+            ZonosInputError: an unknown name or a value of the wrong type, naming the field.
+        """
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - set(fields))
+        if unknown:
+            raise ZonosInputError(f"unknown request field(s) {unknown}; the fields are {sorted(fields)}")
+        return cls(**{name: _coerce(name, value, fields[name].default) for name, value in values.items()})
+
+    def sampling_params(self) -> dict[str, float]:
+        """The ``sampling_params`` of ``Zonos.generate``."""
+        names = ("temperature", "linear", "conf", "quad", "top_p", "top_k", "min_p", "repetition_penalty")
+        return {name: getattr(self, name) for name in names}
+
+    def emotion(self) -> list[float]:
+        return [getattr(self, name.lower()) for name, _ in EMOTIONS]
+
+
+def _coerce(name: str, value: Any, default: Any) -> Any:
+    """``value`` as the type of the field's ``default`` (None defaults are optional strings)."""
+    if default is None:
+        if value is None or value == "":
+            return None
+        if isinstance(value, Mapping) and isinstance(value.get("path"), str):  # a Gradio FileData from the page
+            return value["path"]
+        if isinstance(value, str):
+            return value
+        raise ZonosInputError(f"{name} must be a string or null, got {type(value).__name__}")
+    if isinstance(default, bool):
+        if isinstance(value, bool):
+            return value
+        raise ZonosInputError(f"{name} must be true or false, got {value!r}")
+    if isinstance(default, (int, float)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ZonosInputError(f"{name} must be a finite number, got {value!r}")
+        if isinstance(default, int):
+            if value != int(value):
+                raise ZonosInputError(f"{name} must be a whole number, got {value!r}")
+            return int(value)
+        return float(value)
+    if isinstance(default, tuple):
+        if value is None:
+            return ()
+        if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+            return tuple(value)
+        raise ZonosInputError(f"{name} must be a list of strings, got {value!r}")
+    if isinstance(value, str):
+        return value
+    raise ZonosInputError(f"{name} must be a string, got {type(value).__name__}")
+
+
+# -------------------------------------------------------------------------------------------- uploaded clips
+
+
+def _upload_key(kind: str, model: Zonos, path: str) -> tuple:
+    try:
+        stat = os.stat(path)
+    except OSError as e:
+        raise ZonosInputError(f"Could not read the {kind} audio ({e}). Upload the clip again.") from e
+    return (kind, id(model), path, stat.st_size, stat.st_mtime_ns)
+
+
+def _read_clip(kind: str, path: str) -> tuple[torch.Tensor, int]:
+    from zonos.audio import load_audio
+
+    try:
+        wav, sr = load_audio(path)
+    except (OSError, ValueError) as e:
+        raise ZonosInputError(f"Could not read the {kind} audio: {e}") from e
+    if not bool(torch.isfinite(wav).all()):
+        raise ZonosInputError(f"The {kind} audio contains invalid (NaN or infinite) samples; export it again.")
+    return wav, sr
+
+
+def _remember(key: tuple, value: torch.Tensor) -> torch.Tensor:
+    for old in [k for k in _upload_cache if k[0] == key[0]]:
+        del _upload_cache[old]  # one clip of each kind: the cache must not grow with every upload
+    _upload_cache[key] = value
+    return value
 
 
 def _speaker_embedding(model: Zonos, path: str) -> torch.Tensor:
     """Read and check a voice clip, then embed it (cached for the last clip)."""
-    from zonos.audio import load_audio
-
-    try:
-        stat = os.stat(path)
-    except OSError as e:
-        raise _error(f"Could not read the speaker audio ({e}). Upload the clip again.") from e
-    key = (id(model), path, stat.st_size, stat.st_mtime_ns)
-    if key in _speaker_cache:
-        return _speaker_cache[key]
-    try:
-        wav, sr = load_audio(path)
-    except (OSError, ValueError) as e:
-        raise _error(f"Could not read the speaker audio: {e}") from e
+    key = _upload_key("speaker", model, path)
+    if key in _upload_cache:
+        return _upload_cache[key]
+    wav, sr = _read_clip("speaker", path)
     seconds = wav.shape[-1] / sr if sr > 0 else 0.0
     if seconds < MIN_SPEAKER_SECONDS:
-        raise _error(
+        raise ZonosInputError(
             f"The speaker audio is too short ({seconds:.2f} s); voice cloning needs at least "
             f"{MIN_SPEAKER_SECONDS} s, and 5-30 s of clean speech work best."
         )
-    if not bool(torch.isfinite(wav).all()):
-        raise _error("The speaker audio contains invalid (NaN or infinite) samples; export it again.")
     rms = float(wav.float().pow(2).mean().sqrt())
     if rms < SILENT_RMS:
-        raise _error(
+        raise ZonosInputError(
             f"The speaker audio is silent (RMS {rms:.1e}); upload a recording of the voice to clone, "
             "or clear the speaker audio to use the default voice."
         )
     try:
         embedding = model.make_speaker_embedding(wav, sr)
     except (OSError, ValueError) as e:  # offline without the speaker model cached, or a clip it rejects
-        raise _error(f"Could not compute the speaker embedding: {e}") from e
-    _speaker_cache.clear()
-    _speaker_cache[key] = embedding
-    return embedding
+        raise ZonosInputError(f"Could not compute the speaker embedding: {e}") from e
+    return _remember(key, embedding)
 
 
-def synthesize(
+def _prefix_codes(model: Zonos, path: str) -> torch.Tensor:
+    """The codes (1, 9, frames) of a clip the speech should continue (its first MAX_PREFIX_SECONDS, mono)."""
+    key = _upload_key("prefix", model, path)
+    if key in _upload_cache:
+        return _upload_cache[key]
+    wav, sr = _read_clip("prefix", path)
+    wav = wav.mean(0, keepdim=True)[:, : max(int(MAX_PREFIX_SECONDS * sr), 1)]
+    codec = model.autoencoder
+    try:
+        codes = codec.encode(codec.preprocess(wav, sr)[None])
+    except (TypeError, ValueError) as e:
+        raise ZonosInputError(f"Could not encode the prefix audio: {e}") from e
+    return _remember(key, codes)
+
+
+# ---------------------------------------------------------------------------------------------- generation
+
+
+def synthesis_events(
     model_loader: ModelLoader,
-    model_name: str,
-    text: str,
-    language: str,
-    speaker_audio: str | None,
-    happiness: float,
-    sadness: float,
-    disgust: float,
-    fear: float,
-    surprise: float,
-    anger: float,
-    other: float,
-    neutral: float,
-    vq_score: float,
-    fmax: float,
-    pitch_std: float,
-    speaking_rate: float,
-    dnsmos_ovrl: float,
-    speaker_noised: bool,
-    unconditional_keys: Sequence[str] | None,
-    cfg_scale: float,
-    min_p: float,
-    seed: float,
-    randomize_seed: bool,
-    max_new_tokens: float,
+    model_names: Sequence[str],
+    request: SynthesisRequest,
     *,
     first_chunk_frames: int = DEFAULT_FIRST_CHUNK_FRAMES,
     chunk_frames: int = DEFAULT_CHUNK_FRAMES,
-) -> Iterator[tuple[Any, str, Any]]:
-    """Stream speech for the demo's inputs (in the UI's order; ``model_loader`` is bound by :func:`build_demo`).
+    cancel: threading.Event | None = None,
+    t_request: float | None = None,
+) -> Iterator[dict[str, Any] | np.ndarray]:
+    """Speak one request; yields event dicts and float32 audio chunks (1-D numpy, the model's sample rate).
 
-    Yields ``(audio, status, seed)`` for the outputs (streaming ``gr.Audio``, status text box, seed box):
-    ``audio`` is one chunk as a mono 16-bit wav file in ``bytes`` (or ``gr.update()`` when only the status
-    changes), ``status`` reports the time to first audio and, at the end, the real-time factor, and ``seed``
-    is the seed used (``gr.update()`` after the first update).
-
-    Closing the generator (Gradio does when the user presses Stop or leaves) closes the model's stream, so
-    the model is ready for the next request.
+    The events, in order: ``start`` (seed, sample rate, device, conditioning time) once the request is
+    checked and conditioned; ``first_audio`` (server time to first audio from ``t_request``, a
+    ``time.perf_counter()`` value, default now; and ``t_wall_ms``) just before the first chunk; ``done`` at
+    the end (samples, seconds, elapsed, real-time factor, ``stopped``, and ``t_end_wall_ms``). The wall-clock
+    times compare with the browser's clock. Setting ``cancel`` stops generation after the current decode
+    step: the stream ends with ``done`` and ``stopped`` true. Closing the iterator early also stops it; either
+    way the model is ready for the next request.
 
     Raises:
-        gradio.Error: empty text, unknown language, an unreadable, too short or silent speaker clip, a
-            model that cannot be loaded, or settings the model rejects; the message says what to change.
+        ZonosInputError: bad input (before the ``start`` event; a length past ``max_seqlen`` after it), with
+            the message to show.
+        EngineFullError: another request held the model for LOCK_TIMEOUT_S.
     """
-    gr_ = _require_gradio()
-    if not isinstance(text, str) or not text.strip():
-        raise _error("The text is empty: type the sentence to speak.")
+    t_request = time.perf_counter() if t_request is None else t_request
+    cancel = cancel or threading.Event()
+    text = request.text
+    if not text.strip():
+        raise ZonosInputError("The text is empty: type the sentence to speak.")
     try:
-        language = normalize_language(language or "")
+        language = normalize_language(request.language or "")
     except ValueError as e:
-        raise _error(f"{e} Pick a code from the Language dropdown.") from e
-    try:
-        seed = secrets.randbelow(MAX_SEED + 1) if randomize_seed else int(seed)
-    except (TypeError, ValueError, OverflowError) as e:
-        raise _error(f"The seed must be a whole number, got {seed!r}.") from e
+        raise ZonosInputError(f"{e} Pick a code from the Language dropdown.") from e
+    seed = secrets.randbelow(MAX_SEED + 1) if request.randomize_seed else request.seed
     if not 0 <= seed <= MAX_SEED:
-        raise _error(f"The seed must be between 0 and {MAX_SEED}, got {seed}.")
-    try:
-        max_new_tokens = int(max_new_tokens)
-    except (TypeError, ValueError, OverflowError) as e:
-        raise _error(f"Max new tokens must be a whole number, got {max_new_tokens!r}.") from e
-    if max_new_tokens < 1:
-        raise _error(f"Max new tokens must be at least 1 (86 frames are about one second), got {max_new_tokens}.")
+        raise ZonosInputError(f"The seed must be between 0 and {MAX_SEED}, got {seed}.")
+    if request.max_new_tokens < 1:
+        raise ZonosInputError(
+            f"Max new tokens must be at least 1 (86 frames are about one second), got {request.max_new_tokens}."
+        )
+    name = request.model_name or model_names[0]
+    if name not in model_names:
+        raise ZonosInputError(f"Unknown model {name!r}; this demo serves {list(model_names)}.")
 
     if not _generation_lock.acquire(timeout=LOCK_TIMEOUT_S):
-        raise _error("The model is busy with another request; try again in a moment.")
+        raise EngineFullError("The model is busy with another request; try again in a moment.")
     try:
         try:
-            model = model_loader(model_name)
+            model = model_loader(name)
         except (OSError, ValueError, RuntimeError) as e:
-            raise _error(f"Could not load the model {model_name!r}: {e}") from e
-        t_request = time.perf_counter()
-        unconditional_keys = list(unconditional_keys or ())
-        use_speaker = speaker_audio and "speaker" not in unconditional_keys
-        speaker = _speaker_embedding(model, speaker_audio) if use_speaker else None
-        emotion = [happiness, sadness, disgust, fear, surprise, anger, other, neutral]
+            raise ZonosInputError(f"Could not load the model {name!r}: {e}") from e
+        unconditional = list(request.unconditional_keys)
+        use_speaker = request.speaker_audio and "speaker" not in unconditional
+        speaker = _speaker_embedding(model, request.speaker_audio) if use_speaker else None
+        prefix_codes = _prefix_codes(model, request.prefix_audio) if request.prefix_audio else None
         try:
             cond = make_cond_dict(
                 text=text,
                 language=language,
                 speaker=speaker,
-                emotion=emotion,
-                fmax=float(fmax),
-                pitch_std=float(pitch_std),
-                speaking_rate=float(speaking_rate),
-                vqscore_8=[float(vq_score)] * 8,
-                dnsmos_ovrl=float(dnsmos_ovrl),
-                speaker_noised=bool(speaker_noised),
-                unconditional_keys=unconditional_keys,
+                emotion=request.emotion(),
+                fmax=request.fmax,
+                pitch_std=request.pitch_std,
+                speaking_rate=request.speaking_rate,
+                vqscore_8=[request.vq_score] * 8,
+                dnsmos_ovrl=request.dnsmos_ovrl,
+                speaker_noised=request.speaker_noised,
+                unconditional_keys=unconditional,
                 device=model.device,
             )
-            prefix = model.prepare_conditioning(cond)
             stream = model.generate(
-                prefix,
-                max_new_tokens=max_new_tokens,
-                cfg_scale=float(cfg_scale),
-                sampling_params={"min_p": float(min_p)},
+                model.prepare_conditioning(cond),
+                audio_prefix_codes=prefix_codes,
+                max_new_tokens=request.max_new_tokens,
+                cfg_scale=request.cfg_scale,
+                sampling_params=request.sampling_params(),
                 progress_bar=False,
+                callback=lambda *_: not cancel.is_set(),
                 generator=torch.Generator(device=model.device).manual_seed(seed),
                 stream=True,
                 first_chunk_frames=first_chunk_frames,
                 chunk_frames=chunk_frames,
             )
         except ValueError as e:  # e.g. all-zero emotions, or settings generate rejects
-            raise _error(str(e)) from e
-        t_start = time.perf_counter()
+            raise ZonosInputError(str(e)) from e
         sr = model.autoencoder.sampling_rate
-        samples, status, seed_out = 0, "", seed
+        t_start = time.perf_counter()
+        yield {
+            "event": "start",
+            "seed": seed,
+            "sample_rate": sr,
+            "device": str(model.device),
+            "conditioning_ms": round(1000 * (t_start - t_request), 1),
+        }
+        samples = 0
         try:
             for chunk in stream:
                 audio = chunk.audio[0, 0].detach().float().cpu().numpy()
                 if audio.size == 0:
                     continue
-                now = time.perf_counter()
                 if samples == 0:
-                    status = (
-                        f"first audio after {1000 * (now - t_request):.0f} ms "
-                        f"({1000 * (t_start - t_request):.0f} ms conditioning + "
-                        f"{1000 * (now - t_start):.0f} ms generation) · seed {seed}"
-                    )
+                    now = time.perf_counter()
+                    yield {
+                        "event": "first_audio",
+                        "ttfa_ms": round(1000 * (now - t_request), 1),
+                        "generation_ms": round(1000 * (now - t_start), 1),
+                        "t_wall_ms": time.time() * 1000,
+                    }
                 samples += audio.size
-                yield wav_bytes(to_int16(audio), sr), status, seed_out
-                seed_out = gr_.update()
+                yield audio
         except ValueError as e:  # checks the decode loop makes when it starts, e.g. the length limit
-            raise _error(str(e)) from e
+            raise ZonosInputError(str(e)) from e
         finally:
             stream.close()  # a cancelled request stops generating here and resets the streaming vocoder
         elapsed = time.perf_counter() - t_start
-        seconds = samples / sr
-        if samples == 0:
-            status = f"no audio: the model ended at once (seed {seed}); try another seed or longer text"
-        else:
-            status += f" · {seconds:.2f} s of audio in {elapsed:.2f} s ({seconds / max(elapsed, 1e-9):.2f}× real time)"
-        yield gr_.update(), status, seed_out
+        yield {
+            "event": "done",
+            "samples": samples,
+            "seconds": samples / sr,
+            "elapsed_s": elapsed,
+            "rtf": samples / sr / max(elapsed, 1e-9),
+            "stopped": cancel.is_set(),
+            "seed": seed,
+            "t_end_wall_ms": time.time() * 1000,
+        }
     finally:
         _generation_lock.release()
+
+
+def synthesize_audio(
+    model_loader: ModelLoader,
+    model_names: Sequence[str],
+    request: SynthesisRequest,
+    **schedule: int,
+) -> tuple[tuple[int, np.ndarray], dict[str, Any]]:
+    """The whole utterance: ``((sample_rate, int16 samples), done event)`` (what the Gradio API returns)."""
+    sr, pieces, done = 0, [], {}
+    for item in synthesis_events(model_loader, model_names, request, **schedule):
+        if isinstance(item, np.ndarray):
+            pieces.append(item)
+        elif item["event"] == "start":
+            sr = item["sample_rate"]
+        elif item["event"] == "done":
+            done = item
+    audio = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.float32)
+    return (sr, to_int16(audio)), done
+
+
+def encode_frame(kind: int, payload: bytes) -> bytes:
+    """One frame of the stream route's body."""
+    return FRAME_HEADER.pack(kind, len(payload)) + payload
+
+
+def _frame(item: dict[str, Any] | np.ndarray) -> bytes:
+    if isinstance(item, np.ndarray):
+        return encode_frame(FRAME_PCM, np.ascontiguousarray(item, dtype="<f4").tobytes())
+    return encode_frame(FRAME_EVENT, json.dumps(item).encode())
+
+
+def decode_frames(body: bytes) -> list[dict[str, Any] | np.ndarray]:
+    """The events and float32 chunks of a complete stream body (for Python clients and tests)."""
+    out, pos = [], 0
+    while pos < len(body):
+        kind, size = FRAME_HEADER.unpack_from(body, pos)
+        payload = body[pos + FRAME_HEADER.size : pos + FRAME_HEADER.size + size]
+        if len(payload) != size:
+            raise ValueError(f"truncated stream: a frame of {size} bytes has {len(payload)}")
+        pos += FRAME_HEADER.size + size
+        out.append(json.loads(payload) if kind == FRAME_EVENT else np.frombuffer(payload, dtype="<f4"))
+    return out
+
+
+class _StreamJob:
+    """Runs :func:`synthesis_events` on a worker thread, handing its frames to the event loop's queue.
+
+    After the first audio chunk the worker waits (at most FIRST_SEND_WAIT_S) until the route has written it:
+    a decode loop that keeps the GIL busy (the CPU, tiny models) otherwise delays the event loop's send by
+    one 5 ms switch interval per GIL hand-over, 150-300 ms in all on a 2-core CPU. Later chunks are not waited
+    for; they are due only when the audio before them has played.
+    """
+
+    def __init__(self, events: Iterator[dict[str, Any] | np.ndarray], cancel: threading.Event) -> None:
+        self.cancel = cancel
+        self.first_sent = threading.Event()
+        self.loop = asyncio.get_running_loop()
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self._events = events
+        threading.Thread(target=self._run, name="zonos-stream", daemon=True).start()
+
+    def _put(self, item: Any) -> None:
+        self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+
+    def _run(self) -> None:
+        try:
+            with contextlib.closing(self._events):
+                for item in self._events:
+                    self._put(item)
+                    if isinstance(item, np.ndarray) and not self.first_sent.is_set():
+                        self.first_sent.wait(FIRST_SEND_WAIT_S)
+                        self.first_sent.set()
+        except Exception as e:  # handed to the route, which answers with the message
+            self._put(e)
+        finally:
+            self._put(None)
+
+    async def frames(self, first: bytes, receive: Callable[[], Any]) -> Any:
+        """The response body. A closed connection (the browser pressed Stop or went away) cancels generation
+        at once: ``receive`` (the request's ASGI channel) says so, where a failed write would only tell at
+        the next chunk."""
+
+        async def watch() -> None:
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            self.cancel.set()
+
+        watcher = asyncio.ensure_future(watch())
+        try:
+            yield first
+            self.first_sent.set()  # the server has written it: the worker goes on generating
+            while (item := await self.queue.get()) is not None:
+                if isinstance(item, Exception):
+                    yield _frame({"event": "error", "message": _message(item)})
+                    break
+                yield _frame(item)
+        finally:
+            self.cancel.set()
+            watcher.cancel()
+
+
+def _message(error: Exception) -> str:
+    if isinstance(error, (ValueError, EngineFullError)):  # ZonosInputError is a ValueError
+        return str(error)
+    return f"The server failed: {type(error).__name__}: {error}"
+
+
+# ------------------------------------------------------------------------------------------------------ UI
+
+
+PLAYER_HTML = """
+<div id="zonos-player">
+  <div id="zonos-status">Ready: press Generate.</div>
+  <div id="zonos-latency"></div>
+  <audio id="zonos-replay" controls hidden></audio>
+  <a id="zonos-download" download="zonos.wav" hidden>Download wav</a>
+</div>
+"""
+
+# The page's player (served at zonos/player.js): posts the controls to the stream route and schedules each PCM
+# chunk on an AudioContext as it arrives. It lives here, not in a .js file, so an installed wheel has it.
+PLAYER_JS = r"""
+// No decoder, no media element and no segment buffering between a chunk's arrival and its playback.
+// window.zonosPlayer.stats holds what the page measured; the browser test reads it.
+(() => {
+  "use strict";
+  const HEADER = 8; // little-endian uint32 kind, uint32 payload bytes (gradio_interface.FRAME_HEADER)
+  const EVENT = 1;
+  const PCM = 2;
+  const LATE_S = 0.005; // a chunk due this far in the past starts now: an underrun (heard as a gap)
+
+  const $ = (id) => document.getElementById(id);
+  const show = (id, text) => {
+    const el = $(id);
+    if (el) el.textContent = text;
+  };
+
+  let clickAt = null; // the Generate click's event time: the latency counts from the user's press
+  document.addEventListener(
+    "click",
+    (e) => {
+      if (e.target instanceof Element && e.target.closest("#zonos-generate")) clickAt = e.timeStamp;
+    },
+    true,
+  );
+
+  class Player {
+    constructor() {
+      this.ctx = null;
+      this.abort = null;
+      this.sources = new Set();
+      this.stats = this.fresh();
+    }
+
+    fresh() {
+      return {
+        requests: 0,
+        clickAt: null, // performance.now() ms
+        firstScheduledAt: null, // performance.now() ms when the first sample was handed to the audio graph
+        firstScheduledWallMs: null, // Date.now() of the same moment, comparable with the server's clock
+        clickToFetchMs: null, // click to the request leaving the page
+        clickToResponseMs: null, // click to the response's first bytes (the server answers at its first audio)
+        clickToFirstAudioMs: null,
+        outputLatencyMs: null, // the context's base + output latency: the sound leaves the speaker this later
+        serverTtfaMs: null,
+        serverRunningAtFirstAudio: null, // no done event had arrived when the first sample was scheduled
+        serverEndWallMs: null,
+        samplesScheduled: 0,
+        chunks: 0,
+        underruns: 0,
+        sampleRate: null,
+        state: "idle", // idle | streaming | done | stopped | error
+        message: "",
+      };
+    }
+
+    audio() {
+      if (!this.ctx) this.ctx = new AudioContext({ latencyHint: "interactive", sampleRate: 44100 });
+      if (this.ctx.state !== "running") this.ctx.resume();
+      return this.ctx;
+    }
+
+    async start(names, values) {
+      const clicked = clickAt !== null && performance.now() - clickAt < 1000 ? clickAt : performance.now();
+      clickAt = null;
+      this.halt();
+      const requests = this.stats.requests + 1;
+      this.stats = this.fresh();
+      Object.assign(this.stats, { requests, clickAt: clicked, state: "streaming" });
+      const stats = this.stats;
+      const body = {};
+      names.forEach((name, i) => {
+        body[name] = values[i];
+      });
+      const abort = new AbortController();
+      this.abort = abort;
+      stats.clickToFetchMs = performance.now() - clicked;
+      const response = fetch("zonos/stream", {
+        method: "POST",
+        headers: { "Content-Type": "application/json" },
+        body: JSON.stringify(body),
+        signal: abort.signal,
+      });
+      // While the server works: the audio graph (resuming is allowed inside the click's activation).
+      this.audio();
+      this.next = 0;
+      this.pcm = [];
+      $("zonos-replay")?.setAttribute("hidden", "");
+      $("zonos-download")?.setAttribute("hidden", "");
+      show("zonos-status", "Generating…");
+      show("zonos-latency", "");
+      try {
+        const resp = await response;
+        if (!resp.ok) {
+          let message = `HTTP ${resp.status}`;
+          try {
+            message = (await resp.json()).error || message;
+          } catch (_) {}
+          return this.fail(stats, message);
+        }
+        stats.clickToResponseMs = performance.now() - clicked;
+        await this.read(resp.body.getReader(), stats, abort);
+        if (stats.state === "streaming") this.fail(stats, "the stream ended early");
+      } catch (err) {
+        if (stats.state === "streaming") this.fail(stats, String(err));
+      }
+    }
+
+    async read(reader, stats, abort) {
+      let buf = new Uint8Array(0);
+      for (;;) {
+        const { value, done } = await reader.read();
+        if (done || abort.signal.aborted) return;
+        const joined = new Uint8Array(buf.length + value.length);
+        joined.set(buf);
+        joined.set(value, buf.length);
+        buf = joined;
+        let pos = 0;
+        const view = new DataView(buf.buffer);
+        while (buf.length - pos >= HEADER) {
+          const kind = view.getUint32(pos, true);
+          const size = view.getUint32(pos + 4, true);
+          if (buf.length - pos - HEADER < size) break;
+          const payload = buf.slice(pos + HEADER, pos + HEADER + size); // a copy: aligned for Float32Array
+          pos += HEADER + size;
+          if (kind === PCM) this.play(new Float32Array(payload.buffer), stats);
+          else if (kind === EVENT) this.event(JSON.parse(new TextDecoder().decode(payload)), stats);
+        }
+        buf = buf.slice(pos);
+      }
+    }
+
+    play(samples, stats) {
+      if (stats !== this.stats || stats.state !== "streaming" || samples.length === 0) return;
+      const ctx = this.ctx;
+      const rate = stats.sampleRate || 44100;
+      const buffer = ctx.createBuffer(1, samples.length, rate);
+      buffer.copyToChannel(samples, 0);
+      const source = ctx.createBufferSource();
+      source.buffer = buffer;
+      source.connect(ctx.destination);
+      let when = this.next;
+      if (when < ctx.currentTime + LATE_S) {
+        if (stats.chunks > 0) stats.underruns += 1;
+        when = ctx.currentTime;
+      }
+      source.start(when);
+      this.sources.add(source);
+      source.onended = () => this.sources.delete(source);
+      this.next = when + buffer.duration;
+      this.pcm.push(samples);
+      stats.chunks += 1;
+      stats.samplesScheduled += samples.length;
+      if (stats.firstScheduledAt === null) {
+        stats.firstScheduledAt = performance.now();
+        stats.firstScheduledWallMs = Date.now();
+        stats.clickToFirstAudioMs = stats.firstScheduledAt - stats.clickAt;
+        stats.outputLatencyMs = 1000 * ((ctx.baseLatency || 0) + (ctx.outputLatency || 0));
+        stats.serverRunningAtFirstAudio = stats.serverEndWallMs === null;
+        this.showLatency(stats);
+      }
+    }
+
+    showLatency(stats) {
+      const parts = [`first audio ${stats.clickToFirstAudioMs.toFixed(0)} ms after the click (browser)`];
+      if (stats.serverTtfaMs !== null) parts.push(`server ${stats.serverTtfaMs.toFixed(0)} ms`);
+      if (stats.outputLatencyMs) parts.push(`+${stats.outputLatencyMs.toFixed(0)} ms output latency`);
+      if (stats.underruns) parts.push(`${stats.underruns} gap(s)`);
+      show("zonos-latency", parts.join(" · "));
+    }
+
+    event(ev, stats) {
+      if (stats !== this.stats) return;
+      if (ev.event === "start") {
+        stats.sampleRate = ev.sample_rate;
+        stats.seed = ev.seed;
+        show("zonos-status", `Generating on ${ev.device} · seed ${ev.seed}…`);
+      } else if (ev.event === "first_audio") {
+        stats.serverTtfaMs = ev.ttfa_ms;
+      } else if (ev.event === "done") {
+        stats.serverEndWallMs = ev.t_end_wall_ms;
+        if (stats.state !== "streaming") return;
+        stats.state = ev.stopped ? "stopped" : "done";
+        const rtf = ev.rtf.toFixed(2);
+        show(
+          "zonos-status",
+          ev.samples === 0
+            ? `No audio: the model ended at once (seed ${ev.seed}); try another seed or longer text.`
+            : `Done: ${ev.seconds.toFixed(2)} s of audio in ${ev.elapsed_s.toFixed(2)} s ` +
+                `(${rtf}× real time) · seed ${ev.seed}`,
+        );
+        if (stats.firstScheduledAt !== null) this.showLatency(stats);
+        this.offerReplay(stats);
+      } else if (ev.event === "error") {
+        this.fail(stats, ev.message);
+      }
+    }
+
+    fail(stats, message) {
+      if (stats !== this.stats) return;
+      stats.state = "error";
+      stats.message = message;
+      show("zonos-status", `Error: ${message}`);
+    }
+
+    halt() {
+      if (this.abort) this.abort.abort(); // the server sees the closed connection and stops generating
+      this.abort = null;
+      for (const source of this.sources) {
+        try {
+          source.stop();
+        } catch (_) {}
+      }
+      this.sources.clear();
+    }
+
+    stop() {
+      const stats = this.stats;
+      this.halt();
+      if (stats.state !== "streaming") return;
+      stats.state = "stopped";
+      const seconds = stats.samplesScheduled / (stats.sampleRate || 44100);
+      show("zonos-status", `Stopped after ${seconds.toFixed(2)} s of audio; the model is ready for the next request.`);
+      this.offerReplay(stats);
+    }
+
+    offerReplay(stats) {
+      if (!this.pcm.length) return;
+      const url = URL.createObjectURL(wav(this.pcm, stats.sampleRate || 44100));
+      for (const id of ["zonos-replay", "zonos-download"]) {
+        const el = $(id);
+        if (!el) continue;
+        if (el.dataset.url) URL.revokeObjectURL(el.dataset.url);
+        el.dataset.url = url;
+        el.setAttribute(id === "zonos-replay" ? "src" : "href", url);
+        el.removeAttribute("hidden");
+      }
+    }
+  }
+
+  // A mono 16-bit wav file of the float chunks (for replay and download).
+  function wav(chunks, rate) {
+    const n = chunks.reduce((a, c) => a + c.length, 0);
+    const out = new DataView(new ArrayBuffer(44 + 2 * n));
+    const text = (pos, s) => [...s].forEach((ch, i) => out.setUint8(pos + i, ch.charCodeAt(0)));
+    text(0, "RIFF");
+    out.setUint32(4, 36 + 2 * n, true);
+    text(8, "WAVEfmt ");
+    out.setUint32(16, 16, true);
+    out.setUint16(20, 1, true);
+    out.setUint16(22, 1, true);
+    out.setUint32(24, rate, true);
+    out.setUint32(28, 2 * rate, true);
+    out.setUint16(32, 2, true);
+    out.setUint16(34, 16, true);
+    text(36, "data");
+    out.setUint32(40, 2 * n, true);
+    let pos = 44;
+    for (const c of chunks) {
+      for (let i = 0; i < c.length; i++, pos += 2) {
+        out.setInt16(pos, Math.round(32767 * Math.max(-1, Math.min(1, c[i]))), true);
+      }
+    }
+    return new Blob([out.buffer], { type: "audio/wav" });
+  }
+
+  window.zonosPlayer = new Player();
+  // Opening an AudioContext blocks the page for 200-300 ms in chromium (the audio device starts): do it while
+  // the page is idle, not between a click and its request. It stays suspended until the click resumes it.
+  setTimeout(() => window.zonosPlayer.audio(), 0);
+})();
+"""
+
+CSS = """
+#zonos-player { padding: 6px 4px; font-size: 0.95em; min-height: 3.2em; }
+#zonos-status { font-weight: 600; }
+#zonos-latency { color: var(--body-text-color-subdued); }
+#zonos-replay { width: 100%; height: 32px; margin-top: 4px; }
+"""
+
+
+def _accelerator_info(device: torch.device, can_switch: bool) -> str | None:
+    if device.type != "cuda":
+        return f"needs a CUDA GPU; this demo runs on {device}"
+    if not can_switch:
+        return "the model loader cannot switch accelerators"
+    return None
 
 
 def build_demo(
@@ -286,105 +833,286 @@ def build_demo(
     model_names: Sequence[str] = DEFAULT_MODELS,
     first_chunk_frames: int = DEFAULT_FIRST_CHUNK_FRAMES,
     chunk_frames: int = DEFAULT_CHUNK_FRAMES,
+    device: str | torch.device | None = None,
+    defaults: SynthesisRequest | None = None,
 ) -> Any:
-    """Build the Gradio Blocks app.
+    """Build the Gradio Blocks app (serve it with :func:`build_app`, which adds the stream route it plays from).
 
     Args:
         model_loader: called with the model dropdown's value (one of ``model_names``) on every request;
-            returns the loaded :class:`Zonos` (cache it: see :class:`ModelCache`).
+            returns the loaded :class:`Zonos` (cache it: see :class:`ModelCache`). A loader with a
+            ``set_accelerators(**flags)`` method (as :class:`ModelCache` has) lets the page switch them.
         model_names: the dropdown's choices (Hub ids or local directories); the first is the default.
         first_chunk_frames, chunk_frames: the streaming schedule passed to ``Zonos.generate``.
+        device: shown on the page; default the loader's ``device`` attribute, else the default device.
+        defaults: the controls' initial values (and the API's defaults); default ``SynthesisRequest()``.
 
     Returns:
-        a ``gradio.Blocks``; launch it with ``.queue().launch()``. The generate event's API name is
-        ``synthesize``.
+        a ``gradio.Blocks``. Its API endpoint ``/synthesize`` takes :class:`SynthesisRequest`'s fields as
+        named parameters and returns the utterance as a wav file.
     """
     gr_ = _require_gradio()
     if not model_names:
         raise ValueError("model_names is empty: give at least one Hub id or local model directory")
+    from zonos.utils import default_device
 
-    def run(*inputs: Any) -> Iterator[tuple[Any, str, Any]]:
-        yield from synthesize(model_loader, *inputs, first_chunk_frames=first_chunk_frames, chunk_frames=chunk_frames)
+    model_names = list(model_names)
+    device = torch.device(device or getattr(model_loader, "device", None) or default_device())
+    set_accelerators = getattr(model_loader, "set_accelerators", None)
+    schedule = {"first_chunk_frames": first_chunk_frames, "chunk_frames": chunk_frames}
+    d = defaults or SynthesisRequest()
 
     with gr_.Blocks(title="Zonos streaming TTS") as demo:
         gr_.Markdown(
-            "# Zonos streaming text-to-speech\n"
-            "Audio starts playing while the rest is generated. Upload a few seconds of clean speech to clone "
-            "a voice."
+            f"### Zonos streaming text-to-speech · device **{device}**\n"
+            "Audio plays from the first chunk the model makes; the line under the buttons says how long that took."
         )
-        with gr_.Row():
-            with gr_.Column():
-                model_name = gr_.Dropdown(list(model_names), value=model_names[0], label="Model")
-                text = gr_.Textbox(label="Text to synthesize", value=DEFAULT_TEXT, lines=4)
-                language = gr_.Dropdown(supported_language_codes, value="en-us", label="Language code")
-                speaker_audio = gr_.Audio(
-                    label="Speaker audio to clone (optional, 5-30 s of speech)",
-                    type="filepath",
-                    sources=["upload", "microphone"],
+        with gr_.Row(equal_height=False):
+            with gr_.Column(scale=3):
+                text = gr_.Textbox(label="Text to synthesize", value=d.text, lines=3, max_lines=8)
+                with gr_.Row():
+                    language = gr_.Dropdown(supported_language_codes, value=d.language, label="Language code")
+                    model_name = gr_.Dropdown(model_names, value=model_names[0], label="Model")
+                with gr_.Row():
+                    generate = gr_.Button("Generate", variant="primary", elem_id="zonos-generate")
+                    stop = gr_.Button("Stop", elem_id="zonos-stop")
+                gr_.HTML(PLAYER_HTML)
+            with gr_.Column(scale=2):
+                with gr_.Tab("Voice"):
+                    speaker_audio = gr_.Audio(
+                        label="Speaker audio to clone (optional, 5-30 s of speech)",
+                        type="filepath",
+                        sources=["upload", "microphone"],
+                    )
+                    speaker_noised = gr_.Checkbox(label="Denoise speaker (hybrid only)", value=d.speaker_noised)
+                with gr_.Tab("Prefix"):
+                    prefix_audio = gr_.Audio(
+                        label=f"Prefix audio to continue (optional; its first {MAX_PREFIX_SECONDS:.0f} s)",
+                        type="filepath",
+                        sources=["upload", "microphone"],
+                    )
+                with gr_.Tab("Accelerators"):
+                    reason = _accelerator_info(device, set_accelerators is not None)
+                    flags = dict(getattr(model_loader, "accelerators", {}))
+                    on_gpu = reason is None
+                    toggles = [
+                        gr_.Checkbox(
+                            label=label,
+                            # None (the loader's default) is on for graphs and fast ops, off for the GEMV
+                            value=on_gpu and (key != "use_cute_gemv" if flags.get(key) is None else flags[key]),
+                            interactive=on_gpu,
+                            info=reason or hint,
+                        )
+                        for key, label, hint in (
+                            ("use_cute_gemv", "CuTe GEMV", "CuTeDSL skinny GEMVs for the decode projections"),
+                            ("cuda_graphs", "CUDA graphs", "replay the decode step and prefill as CUDA graphs"),
+                            ("fast_ops", "Fast ops", "Triton kernels for the backbone's ops"),
+                        )
+                    ]
+                    accel_status = gr_.Markdown("")
+        with gr_.Accordion("Sampling", open=False):
+            with gr_.Row():
+                cfg_scale = gr_.Slider(1.0, 5.0, value=d.cfg_scale, step=0.1, label="CFG scale (1 turns guidance off)")
+                temperature = gr_.Slider(0.0, 2.0, value=d.temperature, step=0.05, label="Temperature (0: greedy)")
+                repetition_penalty = gr_.Slider(
+                    1.0, 5.0, value=d.repetition_penalty, step=0.1, label="Repetition penalty (1: off)"
                 )
-                speaker_noised = gr_.Checkbox(label="Denoise speaker (hybrid only)", value=False)
-            with gr_.Column():
-                fmax = gr_.Slider(0, 24000, value=22050, step=1, label="Fmax (Hz); 22050 is best for cloning")
-                pitch_std = gr_.Slider(0.0, 300.0, value=45.0, step=1, label="Pitch std (20-45 normal, 60-150 lively)")
-                speaking_rate = gr_.Slider(5.0, 30.0, value=15.0, step=0.5, label="Speaking rate")
-                vq_score = gr_.Slider(0.5, 0.8, value=0.78, step=0.01, label="VQ score (hybrid only)")
-                dnsmos = gr_.Slider(1.0, 5.0, value=4.0, step=0.1, label="DNSMOS overall (hybrid only)")
-        with gr_.Accordion("Emotion (uncheck 'emotion' under Advanced for the sliders to take effect)", open=False):
+            with gr_.Row():
+                linear = gr_.Slider(0.0, 2.0, value=d.linear, step=0.01, label="Unified: linear (0 turns it off)")
+                conf = gr_.Slider(-2.0, 2.0, value=d.conf, step=0.01, label="Unified: confidence")
+                quad = gr_.Slider(-2.0, 2.0, value=d.quad, step=0.01, label="Unified: quadratic")
+            with gr_.Row():
+                top_p = gr_.Slider(0.0, 1.0, value=d.top_p, step=0.01, label="Top p (0: off)")
+                top_k = gr_.Slider(0, 1024, value=d.top_k, step=1, label="Top k (0: off)")
+                min_p = gr_.Slider(0.0, 1.0, value=d.min_p, step=0.01, label="Min p (0: off)")
+            with gr_.Row():
+                seed = gr_.Number(label="Seed", value=d.seed, precision=0)
+                randomize_seed = gr_.Checkbox(label="Randomize seed", value=d.randomize_seed)
+                max_new_tokens = gr_.Slider(
+                    1, 86 * 30, value=d.max_new_tokens, step=1, label="Max new tokens (86 ≈ one second)"
+                )
+        with gr_.Accordion("Conditioning", open=False):
+            with gr_.Row():
+                fmax = gr_.Slider(0, 24000, value=d.fmax, step=1, label="Fmax (Hz); 22050 is best for cloning")
+                pitch_std = gr_.Slider(0.0, 300.0, value=d.pitch_std, step=1, label="Pitch std (20-45 normal)")
+                speaking_rate = gr_.Slider(5.0, 30.0, value=d.speaking_rate, step=0.5, label="Speaking rate")
+            with gr_.Row():
+                vq_score = gr_.Slider(0.5, 0.8, value=d.vq_score, step=0.01, label="VQ score (hybrid only)")
+                dnsmos = gr_.Slider(1.0, 5.0, value=d.dnsmos_ovrl, step=0.1, label="DNSMOS overall (hybrid only)")
+            unconditional_keys = gr_.CheckboxGroup(
+                list(UNCONDITIONAL_CHOICES),
+                value=list(d.unconditional_keys),
+                label="Unconditional keys (use the model's learned default instead of the control)",
+            )
+        with gr_.Accordion("Emotion (uncheck 'emotion' under Conditioning for these to take effect)", open=False):
             with gr_.Row():
                 emotions = [gr_.Slider(0.0, 1.0, value=v, step=0.05, label=name) for name, v in EMOTIONS[:4]]
             with gr_.Row():
                 emotions += [gr_.Slider(0.0, 1.0, value=v, step=0.05, label=name) for name, v in EMOTIONS[4:]]
-        with gr_.Accordion("Advanced", open=False):
-            with gr_.Row():
-                cfg_scale = gr_.Slider(1.0, 5.0, value=2.0, step=0.1, label="CFG scale (1 turns guidance off)")
-                min_p = gr_.Slider(0.0, 1.0, value=0.1, step=0.01, label="Min p")
-                max_new_tokens = gr_.Slider(
-                    86, 86 * 30, value=86 * 30, step=1, label="Max new tokens (86 ≈ one second)"
-                )
-            with gr_.Row():
-                seed = gr_.Number(label="Seed", value=420, precision=0)
-                randomize_seed = gr_.Checkbox(label="Randomize seed", value=True)
-                unconditional_keys = gr_.CheckboxGroup(
-                    list(UNCONDITIONAL_CHOICES),
-                    value=list(DEFAULT_UNCONDITIONAL),
-                    label="Unconditional keys (use the model's learned default instead of the control)",
-                )
-        with gr_.Row():
-            generate = gr_.Button("Generate", variant="primary")
-            stop = gr_.Button("Stop")
-        audio = gr_.Audio(label="Generated audio (streaming)", streaming=True, autoplay=True, interactive=False)
-        status = gr_.Textbox(label="Time to first audio (server side)", interactive=False)
+        api_audio = gr_.Audio(type="numpy", format="wav", visible=False, label="Generated audio")
+        api_trigger = gr_.Button(visible=False)
 
-        inputs = [
-            model_name,
-            text,
-            language,
-            speaker_audio,
-            *emotions,
-            vq_score,
-            fmax,
-            pitch_std,
-            speaking_rate,
-            dnsmos,
-            speaker_noised,
-            unconditional_keys,
-            cfg_scale,
-            min_p,
-            seed,
-            randomize_seed,
-            max_new_tokens,
-        ]
-        event = generate.click(run, inputs=inputs, outputs=[audio, status, seed], api_name="synthesize")
-        stop.click(None, cancels=[event])
+        controls = {
+            "text": text,
+            "language": language,
+            "model_name": model_name,
+            "speaker_audio": speaker_audio,
+            "prefix_audio": prefix_audio,
+            **{name.lower(): slider for (name, _), slider in zip(EMOTIONS, emotions)},
+            "vq_score": vq_score,
+            "fmax": fmax,
+            "pitch_std": pitch_std,
+            "speaking_rate": speaking_rate,
+            "dnsmos_ovrl": dnsmos,
+            "speaker_noised": speaker_noised,
+            "unconditional_keys": unconditional_keys,
+            "cfg_scale": cfg_scale,
+            "temperature": temperature,
+            "linear": linear,
+            "conf": conf,
+            "quad": quad,
+            "top_p": top_p,
+            "top_k": top_k,
+            "min_p": min_p,
+            "repetition_penalty": repetition_penalty,
+            "seed": seed,
+            "randomize_seed": randomize_seed,
+            "max_new_tokens": max_new_tokens,
+        }
+        names = list(controls)
+
+        def synthesize(*values: Any) -> tuple[int, np.ndarray]:
+            try:
+                request = SynthesisRequest.from_mapping(dict(zip(names, values)))
+                audio, _ = synthesize_audio(model_loader, model_names, request, **schedule)
+            except (ValueError, EngineFullError) as e:
+                raise gr_.Error(str(e)) from e
+            return audio
+
+        # Named parameters (with the page's defaults) for the API page and gradio_client.
+        synthesize.__signature__ = inspect.Signature(
+            [
+                inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=_api_default(name, d))
+                for name in names
+            ]
+        )
+        api_trigger.click(synthesize, inputs=list(controls.values()), outputs=api_audio, api_name="synthesize")
+        generate.click(
+            None,
+            inputs=list(controls.values()),
+            js=f"(...values) => window.zonosPlayer.start({json.dumps(names)}, values)",
+            api_visibility="private",
+        )
+        stop.click(None, js="() => window.zonosPlayer.stop()", api_visibility="private")
+
+        def switch(name: str, use_cute_gemv: bool, cuda_graphs: bool, fast_ops: bool) -> str:
+            if reason is not None:
+                raise gr_.Error(f"Accelerators are unavailable: {reason}.")
+            wanted = {"use_cute_gemv": use_cute_gemv, "cuda_graphs": cuda_graphs, "fast_ops": fast_ops}
+            if not _generation_lock.acquire(timeout=LOCK_TIMEOUT_S):
+                raise gr_.Error("The model is busy with another request; try again in a moment.")
+            try:
+                set_accelerators(name, **wanted)
+            except (ImportError, RuntimeError, ValueError) as e:
+                raise gr_.Error(f"Could not switch accelerators: {e}") from e
+            finally:
+                _generation_lock.release()
+            on = [k for k, v in wanted.items() if v]
+            return f"On: {', '.join(on) or 'none'}. The next request captures new graphs where needed."
+
+        for toggle in toggles:
+            toggle.input(switch, inputs=[model_name, *toggles], outputs=accel_status, api_visibility="private")
     return demo
+
+
+def _api_default(name: str, d: SynthesisRequest) -> Any:
+    value = getattr(d, name)
+    return list(value) if isinstance(value, tuple) else value
+
+
+def build_app(
+    model_loader: ModelLoader,
+    model_names: Sequence[str] = DEFAULT_MODELS,
+    first_chunk_frames: int = DEFAULT_FIRST_CHUNK_FRAMES,
+    chunk_frames: int = DEFAULT_CHUNK_FRAMES,
+    device: str | torch.device | None = None,
+    defaults: SynthesisRequest | None = None,
+) -> Any:
+    """The ASGI app to serve: the stream route and the page's script, with :func:`build_demo` mounted at ``/``.
+
+    ``POST /zonos/stream`` takes a JSON object of :class:`SynthesisRequest` fields (uploaded clips as paths
+    in Gradio's upload folder) and answers 400 with ``{"error": message}`` for bad input, 503 when the model
+    stays busy, else a stream of frames (see :data:`FRAME_HEADER`) that ends with a ``done`` or ``error``
+    event. Closing the connection stops generation.
+    """
+    gr_ = _require_gradio()
+    from fastapi import FastAPI
+    from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+    model_names = list(model_names)
+    demo = build_demo(model_loader, model_names, first_chunk_frames, chunk_frames, device, defaults)
+    schedule = {"first_chunk_frames": first_chunk_frames, "chunk_frames": chunk_frames}
+    uploads = Path(gr_.utils.get_upload_folder()).resolve()
+    app = FastAPI()
+
+    @app.get("/zonos/player.js")
+    def player() -> Response:
+        return Response(PLAYER_JS, media_type="text/javascript")
+
+    @app.post("/zonos/stream")
+    async def stream(http: Request) -> Response:
+        t_request = time.perf_counter()
+        try:
+            values = await http.json()
+            if not isinstance(values, dict):
+                raise ZonosInputError("the request body must be a JSON object of the demo's fields")
+            request = SynthesisRequest.from_mapping(values)
+            for clip in (request.speaker_audio, request.prefix_audio):
+                if clip is not None and not Path(clip).resolve().is_relative_to(uploads):
+                    raise ZonosInputError(f"{clip!r} is not an uploaded clip; upload it on the page")
+        except (ValueError, ZonosInputError) as e:  # a JSON error is a ValueError too
+            return JSONResponse({"error": str(e)}, status_code=400)
+        cancel = threading.Event()
+        events = synthesis_events(model_loader, model_names, request, cancel=cancel, t_request=t_request, **schedule)
+        job = _StreamJob(events, cancel)
+        # Answer once the first audio (or the end) is there, in one write: a request the decode loop refuses
+        # as it starts still gets a 400, and nothing could play sooner anyway.
+        head: list[dict[str, Any] | np.ndarray] = []
+        while not head or (isinstance(head[-1], dict) and head[-1]["event"] in ("start", "first_audio")):
+            item = await job.queue.get()
+            if item is None or isinstance(item, Exception):
+                if item is not None:
+                    await job.queue.get()  # the worker's end marker: the model is released
+                status = 503 if isinstance(item, EngineFullError) else 400 if item is not None else 500
+                return JSONResponse({"error": _message(item) if item else "no result"}, status_code=status)
+            head.append(item)
+        return StreamingResponse(
+            job.frames(b"".join(map(_frame, head)), http.receive),
+            media_type="application/octet-stream",
+            headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+        )
+
+    return gr_.mount_gradio_app(
+        app,
+        demo,
+        path="/",
+        max_file_size=MAX_UPLOAD_BYTES,
+        css=CSS,
+        head='<script src="zonos/player.js"></script>',
+    )
+
+
+# ------------------------------------------------------------------------------------------ loading models
 
 
 class ModelCache:
     """A :data:`ModelLoader` that keeps one model in memory: asking for another frees the current one first.
 
-    The DAC codec is loaded once, on first use, and shared by every model. ``warmup`` (default: on CUDA) runs
-    :meth:`Zonos.warmup` with the demo's chunk schedule and every prefill piece size after each load, so no
-    visitor waits for kernel compilation or graph capture.
+    The DAC codec is loaded once, on first use, and shared by every model. ``accelerators`` (keyword
+    arguments of :meth:`Zonos.use_accelerators`) are applied after each load and changed by
+    :meth:`set_accelerators`. ``warmup`` (default: on CUDA) runs :meth:`Zonos.warmup` with the demo's chunk
+    schedule and every prefill piece size after each load, so no visitor waits for kernel compilation or
+    graph capture.
     """
 
     def __init__(
@@ -394,6 +1122,7 @@ class ModelCache:
         warmup: bool | None = None,
         first_chunk_frames: int = DEFAULT_FIRST_CHUNK_FRAMES,
         chunk_frames: int = DEFAULT_CHUNK_FRAMES,
+        accelerators: Mapping[str, bool | None] | None = None,
     ) -> None:
         from zonos.utils import default_device
 
@@ -401,6 +1130,7 @@ class ModelCache:
         self.device = torch.device(device) if device else default_device()
         self.warmup = self.device.type == "cuda" if warmup is None else warmup
         self.schedule = {"first_chunk_frames": first_chunk_frames, "chunk_frames": chunk_frames}
+        self.accelerators = dict(accelerators or {})
         self._codec = None
         self._name: str | None = None
         self._model: Zonos | None = None
@@ -420,21 +1150,31 @@ class ModelCache:
             if self._codec is None:
                 self._codec = DACAutoencoder.from_pretrained(self.codec_name, device=self.device)
             t0 = time.perf_counter()
-            self._model = Zonos.from_pretrained(name, device=self.device, autoencoder=self._codec)
-            self._model.spk_clone_model = speaker_model  # the speaker embedding model serves every model
-            self._name = name
+            model = Zonos.from_pretrained(name, device=self.device, autoencoder=self._codec)
+            if self.accelerators:
+                model.use_accelerators(**self.accelerators)
+            model.spk_clone_model = speaker_model  # the speaker embedding model serves every model
+            self._model, self._name = model, name
             print(f"loaded {name} on {self.device} in {time.perf_counter() - t0:.1f} s", flush=True)
             if self.warmup:
-                seconds = self._model.warmup(all_prefill_lengths=True, **self.schedule)
+                seconds = model.warmup(all_prefill_lengths=True, **self.schedule)
                 print(f"warmed up {name} in {seconds:.1f} s", flush=True)
-            return self._model
+            return model
+
+    def set_accelerators(self, name: str, **flags: bool) -> None:
+        """Apply :meth:`Zonos.use_accelerators` flags to the model ``name`` now and to every later load."""
+        self(name).use_accelerators(**flags)
+        self.accelerators.update(flags)
+
+
+# ---------------------------------------------------------------------------------------------- the command
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """The command line (see ``python gradio_interface.py --help``)."""
     p = argparse.ArgumentParser(
-        description="Serve a streaming Zonos text-to-speech web demo (Gradio). Audio plays while it is "
-        "generated; the page shows the time to first audio.",
+        description="Serve a streaming Zonos text-to-speech web demo. The browser plays raw PCM with Web Audio "
+        "from the first chunk the model makes, and shows the latency it measured.",
         formatter_class=HelpFormatter,
     )
     p.add_argument(
@@ -457,7 +1197,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--host", default="127.0.0.1", help="address to listen on; 0.0.0.0 serves other machines (e.g. in Docker)"
     )
     p.add_argument("--port", type=int, default=7860, help="port to listen on")
-    p.add_argument("--share", action="store_true", help="also serve through a public *.gradio.live link")
     p.add_argument(
         "--first-chunk-frames",
         type=int,
@@ -470,6 +1209,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=DEFAULT_CHUNK_FRAMES,
         help="frames in the steady chunks; the chunks after the first double in size until they reach it",
     )
+    p.add_argument("--cute-gemv", action="store_true", help="CUDA: decode projections through the CuTeDSL GEMVs")
+    p.add_argument("--no-cuda-graphs", action="store_true", help="CUDA: run the decode step eagerly")
+    p.add_argument("--no-fast-ops", action="store_true", help="CUDA: the torch reference ops instead of Triton")
     p.add_argument("--no-preload", action="store_true", help="load the first model on the first request, not at start")
     p.add_argument(
         "--no-warmup",
@@ -482,32 +1224,39 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     for name in ("first_chunk_frames", "chunk_frames"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1")
+    if not 0 < args.port < 65536:
+        p.error(f"--port must be in 1..65535, got {args.port}")
     return args
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse the command line, load the first model and serve the demo until interrupted."""
-    import shutil
+    import uvicorn
 
     args = parse_args(argv)
     _require_gradio()
-    if shutil.which("ffmpeg") is None:
-        print(
-            "warning: ffmpeg is not on PATH; Gradio needs it to stream audio to the browser (apt-get install ffmpeg)",
-            flush=True,
-        )
     loader = ModelCache(
         codec=args.codec,
         device=args.device,
         warmup=False if args.no_warmup else None,
         first_chunk_frames=args.first_chunk_frames,
         chunk_frames=args.chunk_frames,
+        accelerators=_accelerator_flags(args),
     )
     if not args.no_preload:
         loader(args.model[0])
-    demo = build_demo(loader, args.model, args.first_chunk_frames, args.chunk_frames)
-    demo.queue(default_concurrency_limit=1).launch(server_name=args.host, server_port=args.port, share=args.share)
+    app = build_app(loader, args.model, args.first_chunk_frames, args.chunk_frames)
+    print(f"serving the demo on http://{args.host}:{args.port}", flush=True)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return 0
+
+
+def _accelerator_flags(args: argparse.Namespace) -> dict[str, bool | None]:
+    return {
+        "use_cute_gemv": args.cute_gemv,
+        "cuda_graphs": False if args.no_cuda_graphs else None,
+        "fast_ops": False if args.no_fast_ops else None,
+    }
 
 
 if __name__ == "__main__":

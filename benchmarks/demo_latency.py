@@ -1,0 +1,155 @@
+"""The web demo's time to first audio over HTTP on localhost, for machines without a browser (issue 27).
+
+Serves ``gradio_interface.build_app`` in a child process (uvicorn on a free 127.0.0.1 port) and posts the page's
+request to ``POST /zonos/stream`` as its script does, ``--requests`` times. For each request it prints the
+client's time from sending the request to holding the first PCM frame, and the server's own time to first
+audio (``ttfa_ms`` of the ``first_audio`` event: route entry → first chunk). What the browser adds on top
+(Gradio's dispatch of the click, ~10-45 ms, and scheduling the chunk, < 10 ms) is what tests/test_browser.py
+prints on the CPU.
+
+The model is the published hybrid architecture with random bf16 weights (``benchmarks/common.py``; a
+request may end early at a random EOS, which does not move its first audio), a random real-size DAC, and
+accelerators as ``from_local`` sets them, warmed up with the demo's schedule. Text goes through espeak as
+on the page. On the GPU machine:
+
+    source .device/activate.sh && python3 benchmarks/demo_latency.py [--cute-gemv]
+
+CPU smoke test (tiny model from tests/tiny.py):
+
+    PYTHONPATH=. .venv/bin/python benchmarks/demo_latency.py --tiny --requests 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import socket
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import gradio_interface as gi  # noqa: E402
+from benchmarks.common import percentile, random_model, table  # noqa: E402
+from tests.test_gradio_interface import serve  # noqa: E402
+
+TEXT = "The quick brown fox jumps over the lazy dog, and then it naps in the afternoon sun."
+
+
+def first_pcm(client: httpx.Client, url: str, body: dict) -> tuple[float, float, int]:
+    """(client ms to the first PCM frame, server ttfa_ms, samples) of one streamed request."""
+    t0 = time.perf_counter()
+    client_ms = server_ms = None
+    buf, samples = b"", 0
+    with client.stream("POST", url + "zonos/stream", json=body, timeout=120) as resp:
+        if resp.status_code != 200:
+            raise SystemExit(f"HTTP {resp.status_code}: {resp.read().decode()}")
+        for data in resp.iter_raw():
+            buf += data
+            while len(buf) >= gi.FRAME_HEADER.size:
+                kind, size = gi.FRAME_HEADER.unpack_from(buf)
+                if len(buf) < gi.FRAME_HEADER.size + size:
+                    break
+                (item,) = gi.decode_frames(buf[: gi.FRAME_HEADER.size + size])
+                buf = buf[gi.FRAME_HEADER.size + size :]
+                if kind == gi.FRAME_PCM:
+                    client_ms = client_ms or 1000 * (time.perf_counter() - t0)
+                    samples += item.size
+                elif item["event"] == "first_audio":
+                    server_ms = item["ttfa_ms"]
+
+                elif item["event"] == "error":
+                    raise SystemExit(item["message"])
+    return client_ms, server_ms, samples
+
+
+def build_model(args: argparse.Namespace):
+    if args.tiny:
+        import tempfile
+
+        from tests.tiny import tiny_model
+
+        return tiny_model(Path(tempfile.mkdtemp()), max_seqlen=1024)
+    from zonos.codec import DACAutoencoder
+    from zonos.codec.dac import DACConfig
+
+    torch.manual_seed(0)
+    model = random_model("hybrid", autoencoder=DACAutoencoder(DACConfig(), device="cuda"))
+    model.use_accelerators(use_cute_gemv=args.cute_gemv or None)
+    return model
+
+
+def server(args: argparse.Namespace, schedule: dict, ready) -> None:
+    """The demo's process: build, warm up, serve until killed; puts its URL on ``ready``."""
+    model = build_model(args)
+    if model.device.type == "cuda":
+        print(f"warm-up: {model.warmup(all_prefill_lengths=True, progress_bar=False, **schedule):.1f} s", flush=True)
+    app = gi.build_app(lambda name: model, ["model"], device=model.device, **schedule)
+    with serve(app) as url:
+        ready.put(url)
+        while True:
+            time.sleep(1)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--requests", type=int, default=10)
+    p.add_argument("--frames", type=int, default=200, help="frames per request (86 ≈ 1 s)")
+    p.add_argument("--first-chunk-frames", type=int, default=gi.DEFAULT_FIRST_CHUNK_FRAMES)
+    p.add_argument("--chunk-frames", type=int, default=gi.DEFAULT_CHUNK_FRAMES)
+    p.add_argument("--cute-gemv", action="store_true", help="decode projections through the CuTeDSL GEMVs")
+    p.add_argument("--tiny", action="store_true", help="the tiny CPU model of tests/tiny.py (a smoke test)")
+    args = p.parse_args()
+    schedule = {"first_chunk_frames": args.first_chunk_frames, "chunk_frames": args.chunk_frames}
+
+    # The server runs in its own process, as it does for a browser: a client sharing its GIL would be late.
+    ctx = multiprocessing.get_context("spawn")
+    ready = ctx.Queue()
+    proc = ctx.Process(target=server, args=(args, schedule, ready), daemon=True)
+    proc.start()
+    try:
+        url = ready.get(timeout=900)
+        body = {"text": TEXT, "max_new_tokens": args.frames, "randomize_seed": False, "seed": 1}
+        # One connection, kept alive and without Nagle's algorithm, as the browser's fetch has.
+        nodelay = [(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]
+        client = httpx.Client(transport=httpx.HTTPTransport(socket_options=nodelay))
+        first_pcm(client, url, body)  # the first request pays espeak's start-up and the first prefill length
+        rows = []
+        for i in range(args.requests):
+            client_ms, server_ms, samples = first_pcm(client, url, {**body, "seed": i})
+            rows.append(
+                {
+                    "request": i,
+                    "client first PCM ms": client_ms,
+                    "server TTFA ms": server_ms,
+                    "HTTP overhead ms": client_ms - server_ms,
+                    "audio s": samples / 44100,
+                }
+            )
+    finally:
+        proc.terminate()
+        proc.join(10)
+    device = "cpu (tiny)" if args.tiny else "cuda"
+    print(
+        table(
+            rows,
+            f"Demo over HTTP on localhost: {device}, schedule {args.first_chunk_frames}x"
+            f"{args.chunk_frames}, {args.frames} frames",
+        )
+    )
+    client = [r["client first PCM ms"] for r in rows]
+    server_ttfa = [r["server TTFA ms"] for r in rows]
+    print(
+        f"\np50 client first PCM {statistics.median(client):.1f} ms (p90 {percentile(client, 90):.1f}), "
+        f"p50 server TTFA {statistics.median(server_ttfa):.1f} ms (p90 {percentile(server_ttfa, 90):.1f})"
+    )
+
+
+if __name__ == "__main__":
+    main()

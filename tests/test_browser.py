@@ -1,0 +1,138 @@
+"""The web demo in a real browser (Debian's chromium through selenium and chromedriver), on a tiny random model
+on the CPU: Generate plays audio through the page's Web Audio graph before the server has finished generating,
+the latency the page measured is printed, Stop leaves the model ready, and bad input shows its message.
+
+A screenshot of the page at 1366x768 is written to the test's tmp_path. Needs `apt-get install chromium
+chromium-driver` and `pip install selenium` (the test extra); skipped without them.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import time
+
+import pytest
+
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+pytest.importorskip("gradio")
+webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (pip install -e '.[test]')")
+
+import gradio_interface as gi  # noqa: E402
+from tests.test_gradio_interface import serve  # noqa: E402
+from tests.tiny import tiny_model  # noqa: E402
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMEDRIVER = shutil.which("chromedriver")
+pytestmark = pytest.mark.skipif(
+    not (CHROMIUM and CHROMEDRIVER),
+    reason="needs Debian's chromium and chromedriver (apt-get install chromium chromium-driver)",
+)
+# About 3 s of generation on a busy 2-core CPU: long enough that the first chunk plays well before the end.
+FRAMES = 100
+
+
+@pytest.fixture(scope="module")
+def page(tmp_path_factory):
+    from selenium.webdriver.chrome.service import Service
+
+    model = tiny_model(tmp_path_factory.mktemp("hybrid"), max_seqlen=512)
+    defaults = gi.SynthesisRequest(
+        text="Hello from the browser test.", randomize_seed=False, seed=3, max_new_tokens=FRAMES
+    )
+    app = gi.build_app(
+        lambda name: model, ["tiny"], first_chunk_frames=1, chunk_frames=16, device="cpu", defaults=defaults
+    )
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-dev-shm-usage",
+        "--disable-gpu",
+        "--autoplay-policy=no-user-gesture-required",
+        "--window-size=1366,768",
+    ):
+        options.add_argument(arg)
+    with serve(app) as url:
+        driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+        try:
+            driver.set_script_timeout(30)
+            driver.get(url)
+            _wait(driver, "return !!(window.zonosPlayer && document.querySelector('#zonos-generate'))", 30)
+            yield driver
+        finally:
+            driver.quit()
+
+
+def _wait(driver, script: str, timeout: float = 30.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = driver.execute_script(script)
+        if value:
+            return value
+        time.sleep(0.02)
+    raise AssertionError(f"timed out after {timeout} s waiting for: {script}")
+
+
+def _stats(driver) -> dict:
+    return driver.execute_script("return Object.assign({}, window.zonosPlayer.stats)")
+
+
+def _click(driver, elem_id: str) -> None:
+    driver.find_element("css selector", f"#{elem_id}").click()
+
+
+def test_generate_plays_audio_before_generation_ends(page, tmp_path):
+    viewport = page.execute_script("return [window.innerWidth, window.innerHeight]")
+    for elem in ("zonos-generate", "zonos-stop", "zonos-status"):
+        bottom = page.execute_script(f"return document.getElementById('{elem}').getBoundingClientRect().bottom")
+        assert 0 < bottom <= viewport[1], f"#{elem} ends at {bottom}px, below the fold of a {viewport} viewport"
+
+    _click(page, "zonos-generate")
+    _wait(page, "return ['done', 'error', 'stopped'].includes(window.zonosPlayer.stats.state)")
+    stats = _stats(page)
+    page.save_screenshot(str(tmp_path / "demo.png"))
+    assert stats["state"] == "done", stats["message"]
+    assert stats["chunks"] >= 3 and stats["samplesScheduled"] > 0
+    # Audio reached the graph while the server was still generating, by the server's own clock.
+    assert stats["serverRunningAtFirstAudio"]
+    assert stats["firstScheduledWallMs"] < stats["serverEndWallMs"] - 100
+    latency, server = stats["clickToFirstAudioMs"], stats["serverTtfaMs"]
+    print(
+        f"\nclick to first audio scheduled: {latency:.0f} ms in the browser (server TTFA {server:.0f} ms, "
+        f"request sent after {stats['clickToFetchMs']:.0f} ms, response after {stats['clickToResponseMs']:.0f} ms, "
+        f"output latency {stats['outputLatencyMs']:.0f} ms, {stats['chunks']} chunks, {stats['underruns']} gaps); "
+        f"screenshot {tmp_path / 'demo.png'}"
+    )
+    assert 0 < server < latency < server + 100  # the page adds at most 100 ms to the server's first audio
+    shown = re.match(r"first audio (\d+) ms after the click", page.find_element("css selector", "#zonos-latency").text)
+    assert shown and abs(int(shown[1]) - latency) <= 1
+    assert page.find_element("css selector", "#zonos-status").text.startswith("Done: ")
+    assert (tmp_path / "demo.png").stat().st_size > 10_000
+
+
+def test_stop_then_generate_again(page):
+    _click(page, "zonos-generate")
+    _wait(page, "return window.zonosPlayer.stats.samplesScheduled > 0")
+    _click(page, "zonos-stop")
+    _wait(page, "return window.zonosPlayer.stats.state === 'stopped'")
+    assert page.find_element("css selector", "#zonos-status").text.startswith("Stopped after ")
+    _click(page, "zonos-generate")  # the closed stream released the model: the next request runs at once
+    _wait(page, "return ['done', 'error'].includes(window.zonosPlayer.stats.state)")
+    stats = _stats(page)
+    assert stats["state"] == "done", stats["message"]
+    assert stats["samplesScheduled"] > 0
+
+
+def test_bad_input_shows_its_message(page):
+    box = page.find_element("css selector", "textarea")
+    box.clear()
+    box.send_keys(" ")
+    time.sleep(0.3)  # Gradio reads the textbox's value on its input event
+    _click(page, "zonos-generate")
+    _wait(page, "return window.zonosPlayer.stats.state === 'error'")
+    assert page.find_element("css selector", "#zonos-status").text == (
+        "Error: The text is empty: type the sentence to speak."
+    )

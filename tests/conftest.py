@@ -1,4 +1,4 @@
-"""Suite-wide test settings."""
+"""Suite-wide test settings: tests marked ``gpu`` skip without a CUDA device; the tiny models run single-threaded."""
 
 import pytest
 import torch
@@ -12,3 +12,12 @@ def _single_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

@@ -71,19 +71,36 @@ class ChunkAssembler:
     waits on before handing the chunk out.
     """
 
-    def __init__(self, decoder, eos_token_id: int, first_chunk_frames: int, chunk_frames: int, side=None):
+    def __init__(
+        self,
+        decoder,
+        eos_token_id: int,
+        first_chunk_frames: int,
+        chunk_frames: int,
+        side=None,
+        skip_frames: int = 0,
+        flush: bool = True,
+    ):
+        """``skip_frames``: leading frames not to vocode (an audio prefix whose audio the caller has); with a
+        decoder that has already decoded frames (a stream continued, see :mod:`zonos.longform`) its state goes on,
+        else it is reset. ``flush``: whether the last chunk flushes the decoder's tail (False: a later request
+        continues it)."""
         self.decoder = decoder
         self.eos_token_id = eos_token_id
         self.chunk_frames = chunk_frames
         self.side = side
-        self.lookahead = decoder.receptive_field.lookahead_frames
+        self.flush = flush
+        continuing = decoder.frames_pushed > 0
+        if not continuing:
+            decoder.reset()
+        self.lookahead = 0 if continuing else decoder.receptive_field.lookahead_frames
         self.size = first_chunk_frames  # frames in the chunk being assembled
-        self.next_push = self.lookahead + self.size
-        self.accepted = self.pushed = self.samples = 0
+        self.accepted = skip_frames
+        self.next_push = skip_frames + self.lookahead + self.size
+        self.pushed = self.samples = 0
         self.ended: torch.Tensor | None = None  # (b,) rows that have produced EOS
         self.finished = False  # every row has ended: no frame after this one
         self.ready: list[torch.Tensor] = []  # final frames not yet pushed
-        decoder.reset()
 
     def due(self, offset: int) -> bool:
         """Whether the frames complete once column ``offset`` is written fill the next chunk."""
@@ -114,7 +131,7 @@ class ChunkAssembler:
 
         def run() -> torch.Tensor:
             parts = [self.decoder.push(codes)] if codes is not None else []
-            if final:
+            if final and self.flush:
                 parts.append(self.decoder.flush())
             return torch.cat(parts, dim=-1) if parts else torch.zeros(1, 1, 0, device=device)
 

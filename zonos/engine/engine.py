@@ -63,6 +63,10 @@ class Request:
         logits_processor: ``fn(logits (b, 9, V) float, step (b,) int64) -> logits``, applied to this request's
             rows before sampling: tensor work only (it is captured in CUDA graphs), e.g. to suppress EOS.
         progress: a tqdm-like bar advanced once per decode step, or None.
+        decoder: for a stream, a ``StreamingDACDecoder`` to decode with (e.g. one a previous request of the same
+            utterance left mid-stream, see :mod:`zonos.longform`); None: one of the engine's.
+        emit_prefix: for a stream, whether the audio prefix's frames are vocoded and handed out too.
+        flush: for a stream, whether its last chunk flushes the decoder (False leaves it for a later request).
     """
 
     prefix: torch.Tensor
@@ -78,6 +82,9 @@ class Request:
     callback: Callable | None = None
     logits_processor: Callable | None = None
     progress: object | None = None
+    decoder: object | None = None
+    emit_prefix: bool = True
+    flush: bool = True
 
 
 class RequestHandle:
@@ -121,6 +128,12 @@ class RequestHandle:
             raise item
         if item is _DONE:
             self._items.put(_DONE)  # later reads see the end too
+            return item
+        codes = item.codes if isinstance(item, AudioChunk) else item
+        if codes.is_cuda:
+            # Made on the engine's streams and complete (the engine synchronized); the caller's stream uses it now,
+            # so its memory must not go back to the engine's streams before that work is done.
+            codes.record_stream(torch.cuda.current_stream(codes.device))
         return item
 
     def cancel(self) -> None:
@@ -150,6 +163,11 @@ class _Job:
         self.handle = weakref.ref(handle)  # an abandoned handle cancels the job
         self.items = handle._items
         self.processor = processor
+        # The caller's stream made the request's tensors; the engine's stream waits for it before reading them.
+        self.ready = None
+        if request.prefix.is_cuda:
+            self.ready = torch.cuda.Event()
+            self.ready.record(torch.cuda.current_stream(request.prefix.device))
         self.slots: list[int] = []
         self.index: torch.Tensor | None = None  # the slots, as a device index
         self.offset = 0  # host's count of the last written column (the device's while active)
@@ -380,6 +398,8 @@ class Engine:
         """Prefill each sequence of the request on the staging state, sample its first token, load its slot."""
         model, r = self.model, job.request
         device = self.device
+        if job.ready is not None:
+            torch.cuda.current_stream(device).wait_event(job.ready)
         b = r.batch_size
         prefix = r.prefix.to(device, model.dtype)
         audio = r.audio_prefix_codes
@@ -416,8 +436,11 @@ class Engine:
                 r.sampling, job.processor,
             )
         if r.stream:
-            job.decoder = self._decoder()
-            job.assembler = ChunkAssembler(job.decoder, model.eos_token_id, r.first_chunk_frames, r.chunk_frames, self._side)
+            job.decoder = r.decoder if r.decoder is not None else self._decoder()
+            job.assembler = ChunkAssembler(
+                job.decoder, model.eos_token_id, r.first_chunk_frames, r.chunk_frames, self._side,
+                skip_frames=0 if r.emit_prefix else audio_len, flush=r.flush,
+            )
 
     def _backbone_prefill(self, hidden: torch.Tensor) -> torch.Tensor:
         """The backbone over ``hidden`` (2, l, d) on the staging state; CUDA-graph pieces when graphs are on."""
@@ -542,8 +565,9 @@ class Engine:
         if job.decoder is not None:
             if self._side is not None:
                 self._side.synchronize()
-            job.decoder.reset()
-            self._decoders.append(job.decoder)
+            if job.decoder is not job.request.decoder:  # the engine's own: back to the pool
+                job.decoder.reset()
+                self._decoders.append(job.decoder)
             job.decoder = None
 
     def _close_all(self) -> None:
@@ -565,7 +589,10 @@ def _frames(delayed: torch.Tensor, offset: int, eos_token_id: int) -> torch.Tens
     eos = codes[:, 0] == eos_token_id
     if codes.shape[-1] and bool(eos.any(-1).all()):
         codes = codes[..., : int(eos.int().argmax(-1).max())]
-    return playable(codes).cpu() if codes.is_cuda else playable(codes)
+    codes = playable(codes)
+    if codes.is_cuda:
+        torch.cuda.current_stream(codes.device).synchronize()
+    return codes
 
 
 def _pair(prefix: torch.Tensor, i: int, batch: int, cfg_scale: float) -> torch.Tensor:

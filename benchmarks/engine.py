@@ -1,0 +1,148 @@
+"""Many streams on one GPU: aggregate real-time streams, per-stream time to first audio and late chunks, per
+number of engine slots.
+
+Real-size Zonos-v0.1-hybrid and DAC 44.1 kHz with random bf16 weights, EOS suppressed (every request runs
+exactly --frames frames), a random --prefix-token conditioning per request. For each slot count S, 2·S streamed
+requests arrive over --ramp seconds (uniformly, in a random order); one consumer thread per request records when
+each chunk arrives.
+
+    python benchmarks/engine.py [--slots 1 8 32 64 128 256] [--frames 300] [--gemv]
+
+Per S it reports: decode steps per second and wall ms per step; aggregate real-time streams (audio seconds
+produced per wall second while requests ran); the share of streams produced faster than real time; TTFA p50/p99
+(submit to first chunk); late chunks (a chunk is late when it arrives after the audio handed out before it has
+finished playing); and the bytes a step must move (weights once, every busy row's SSM state read and written, the
+KV rows attention reads) over the measured step time, against the read bandwidth floor.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import threading
+import time
+
+import torch
+
+from benchmarks.common import percentile, random_model, table
+from zonos.codec.autoencoder import DACAutoencoder
+from zonos.codec.dac import DACConfig
+
+FRAME_S = 512 / 44100
+READ_BANDWIDTH = 4.3e12  # bytes/s, the H200's measured read ceiling (../shared/device/README.md)
+
+
+def no_eos(eos_token_id: int):
+    def processor(logits: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
+        logits[:, 0, eos_token_id] = float("-inf")
+        return logits
+
+    return processor
+
+
+def step_bytes(model, rows: int, kv_len: int) -> int:
+    """Bytes a decode step over ``rows`` backbone rows must move at least."""
+    weights = sum(p.numel() * p.element_size() for p in model.backbone.parameters())
+    weights += model.heads_weight.numel() * model.heads_weight.element_size()
+    state = model.backbone.allocate_inference_state(1, kv_len, device="meta")
+    ssm = sum(c.ssm.numel() * c.ssm.element_size() for c in state.caches if hasattr(c, "ssm"))
+    kv = sum(c.k.numel() * c.k.element_size() * 2 for c in state.caches if hasattr(c, "k"))
+    return weights + rows * (2 * ssm + kv)
+
+
+def run(model, slots: int, frames: int, prefix_tokens: int, ramp: float, processor, seed: int) -> dict:
+    model.start_engine(slots=slots, max_seqlen=prefix_tokens + frames + 16)
+    engine = model.engine
+    d = model.config.backbone.d_model
+    g = torch.Generator("cuda").manual_seed(seed)
+    n = 2 * slots
+    prefixes = [torch.randn(2, prefix_tokens, d, device="cuda", generator=g).to(model.dtype) for _ in range(n)]
+
+    def warm():
+        hs = [model.submit(p, max_new_tokens=40, stream=True, logits_processor=processor) for p in prefixes[:slots]]
+        for h in hs:
+            for _ in h:
+                pass
+
+    warm()  # captures every bucket's step graph and the decoders' pushes (their second occurrence)
+    warm()
+    rng = random.Random(seed)
+    arrivals = sorted(rng.uniform(0, ramp) for _ in range(n))
+    records: list[dict] = [{} for _ in range(n)]
+    steps0, t0 = engine.steps, time.perf_counter()
+
+    def consume(i: int) -> None:
+        time.sleep(max(0.0, arrivals[i] - (time.perf_counter() - t0)))
+        rec = records[i]
+        rec["submit"] = time.perf_counter()
+        handle = model.submit(prefixes[i], max_new_tokens=frames, stream=True, logits_processor=processor,
+                              generator=torch.Generator("cuda").manual_seed(seed + i))  # fmt: skip
+        chunks = []
+        for chunk in handle:
+            chunks.append((time.perf_counter(), chunk.audio.shape[-1] / 44100))
+        rec["chunks"] = chunks
+        rec["end"] = time.perf_counter()
+
+    threads = [threading.Thread(target=consume, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    steps = engine.steps - steps0
+    ttfa, late, total_chunks, realtime = [], 0, 0, 0
+    audio = 0.0
+    for rec in records:
+        chunks = [c for c in rec["chunks"] if c[1] > 0]
+        first = chunks[0][0]
+        ttfa.append(first - rec["submit"])
+        played_until = first
+        for when, seconds in chunks:
+            total_chunks += 1
+            if when > played_until + 1e-3:
+                late += 1
+            played_until = max(played_until, when) + seconds
+        length = sum(s for _, s in chunks)
+        audio += length
+        realtime += (rec["end"] - first) <= length
+    step_s = wall / max(steps, 1)
+    floor = step_bytes(model, 2 * slots, prefix_tokens + frames // 2) / READ_BANDWIDTH
+    model.engine.shutdown()
+    return {
+        "slots": slots,
+        "steps/s": steps / wall,
+        "ms/step": step_s * 1e3,
+        "floor ms/step (full bucket)": floor * 1e3,
+        "RT streams": audio / wall,
+        "faster than RT %": 100.0 * realtime / n,
+        "TTFA p50 ms": percentile(ttfa, 50) * 1e3,
+        "TTFA p99 ms": percentile(ttfa, 99) * 1e3,
+        "late chunks %": 100.0 * late / max(total_chunks, 1),
+        "GPU GiB peak": torch.cuda.max_memory_allocated() / 2**30,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--slots", type=int, nargs="+", default=[1, 8, 32, 64, 128, 256], help="slot counts to run")
+    ap.add_argument("--frames", type=int, default=300, help="frames per request (86 per second of audio)")
+    ap.add_argument("--prefix-tokens", type=int, default=120, help="conditioning tokens per request")
+    ap.add_argument("--ramp", type=float, default=1.0, help="seconds over which the requests arrive")
+    ap.add_argument("--gemv", action="store_true", help="use_cute_gemv=True (decode projections of <= 8 rows)")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    model = random_model("hybrid")
+    model.use_accelerators(use_cute_gemv=True) if args.gemv else model.use_accelerators()
+    model.autoencoder = DACAutoencoder(DACConfig(), device="cuda")
+    processor = no_eos(model.eos_token_id)
+    rows = []
+    for s in args.slots:
+        try:
+            rows.append(run(model, s, args.frames, args.prefix_tokens, args.ramp, processor, args.seed))
+        except Exception as err:  # noqa: BLE001 - report and go on to the next size
+            print(f"slots={s}: {type(err).__name__}: {err}")
+        print(table(rows, "engine: streams per GPU") if rows else "", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -50,8 +50,8 @@ def step_bytes(model, rows: int, kv_len: int) -> int:
     return weights + rows * (2 * ssm + kv)
 
 
-def run(model, slots: int, frames: int, prefix_tokens: int, ramp: float, processor, seed: int) -> dict:
-    model.start_engine(slots=slots, max_seqlen=prefix_tokens + frames + 16)
+def run(model, slots: int, frames: int, prefix_tokens: int, ramp: float, processor, seed: int, vocoder_streams: int) -> dict:
+    model.start_engine(slots=slots, max_seqlen=prefix_tokens + frames + 16, vocoder_streams=vocoder_streams)
     engine = model.engine
     d = model.config.backbone.d_model
     g = torch.Generator("cuda").manual_seed(seed)
@@ -110,6 +110,7 @@ def run(model, slots: int, frames: int, prefix_tokens: int, ramp: float, process
     model.engine.shutdown()
     return {
         "slots": slots,
+        "vocoder streams": vocoder_streams,
         "steps/s": steps / wall,
         "ms/step": step_s * 1e3,
         "floor ms/step (full bucket)": floor * 1e3,
@@ -130,6 +131,7 @@ def main() -> None:
     ap.add_argument("--ramp", type=float, default=1.0, help="seconds over which the requests arrive")
     ap.add_argument("--gemv", action="store_true", help="use_cute_gemv=True (decode projections of <= 8 rows)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--vocoder-streams", type=int, nargs="+", default=[4], help="CUDA streams for the vocoders")
     args = ap.parse_args()
     model = random_model("hybrid")
     model.use_accelerators(use_cute_gemv=True) if args.gemv else model.use_accelerators()
@@ -137,11 +139,12 @@ def main() -> None:
     processor = no_eos(model.eos_token_id)
     rows = []
     for s in args.slots:
-        try:
-            rows.append(run(model, s, args.frames, args.prefix_tokens, args.ramp, processor, args.seed))
-        except Exception as err:  # noqa: BLE001 - report and go on to the next size
-            print(f"slots={s}: {type(err).__name__}: {err}")
-        print(table(rows, "engine: streams per GPU") if rows else "", flush=True)
+        for v in args.vocoder_streams:
+            try:
+                rows.append(run(model, s, args.frames, args.prefix_tokens, args.ramp, processor, args.seed, v))
+            except Exception as err:  # noqa: BLE001 - report and go on to the next size
+                print(f"slots={s}: {type(err).__name__}: {err}")
+            print(table(rows, "engine: streams per GPU") if rows else "", flush=True)
 
 
 if __name__ == "__main__":

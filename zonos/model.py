@@ -205,14 +205,20 @@ class Zonos(UsesOps, nn.Module):
             self.start_engine()
         return self._engine
 
-    def start_engine(self, slots: int = DEFAULT_SLOTS, max_seqlen: int | None = None, queue_size: int = 256) -> Engine:
+    def start_engine(
+        self, slots: int = DEFAULT_SLOTS, max_seqlen: int | None = None, queue_size: int = 256, vocoder_streams: int = 4
+    ) -> Engine:
         """(Re)create the engine with ``slots`` decode slots of up to ``max_seqlen`` tokens (default: the
         model's) and room for ``queue_size`` waiting requests; memory for them is allocated (and checked) now. A
-        previous engine is shut down after its running requests finish."""
+        previous engine is shut down (its requests are cancelled). ``vocoder_streams``: CUDA streams the
+        streaming vocoders spread over."""
         old = self._engine
         if old is not None:
             old.shutdown()
-        self._engine = Engine(self, slots, max_seqlen or self.max_seqlen, queue_size, graphs=self._graphs)
+            self._engine = None
+        self._engine = Engine(
+            self, slots, max_seqlen or self.max_seqlen, queue_size, graphs=self._graphs, vocoder_streams=vocoder_streams
+        )
         return self._engine
 
     def load_checkpoint(self, state: dict[str, torch.Tensor], device: torch.device | str, dtype: torch.dtype) -> None:

@@ -200,9 +200,18 @@ class Engine:
         max_seqlen: longest prefix + generated sequence a slot holds (default: the model's).
         queue_size: requests that may wait for a slot; a submit beyond raises :class:`EngineFullError`.
         graphs: a CUDA-graph cache (``zonos_accel.graphs.GraphCache``) or None for eager steps.
+        vocoder_streams: CUDA streams the streaming vocoders run on (round-robin over requests).
     """
 
-    def __init__(self, model, slots: int = 4, max_seqlen: int | None = None, queue_size: int = 256, graphs=None):
+    def __init__(
+        self,
+        model,
+        slots: int = 4,
+        max_seqlen: int | None = None,
+        queue_size: int = 256,
+        graphs=None,
+        vocoder_streams: int = 4,
+    ):
         if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
             raise ZonosInputError(f"slots must be a positive int, got {slots!r}")
         if isinstance(queue_size, bool) or not isinstance(queue_size, int) or queue_size < 0:
@@ -227,7 +236,11 @@ class Engine:
         self._closed = False
         self._thread: threading.Thread | None = None
         self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
-        self._side = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        # Streams' vocoder pushes go to these CUDA streams round-robin: a push is ~50 small dependent kernels, so
+        # pushes of different streams on different CUDA streams overlap each other and the decode step.
+        cuda = self.device.type == "cuda"
+        self._sides = [torch.cuda.Stream(self.device) for _ in range(vocoder_streams)] if cuda else []
+        self._next_side = 0
         self._watch = _ActiveWatch(slots, self.device)
         self.steps = 0  # decode steps run
         self.step_seconds = 0.0  # host time in them (wall: launches, or the whole step on the CPU)
@@ -438,9 +451,15 @@ class Engine:
         if r.stream:
             job.decoder = r.decoder if r.decoder is not None else self._decoder()
             job.assembler = ChunkAssembler(
-                job.decoder, model.eos_token_id, r.first_chunk_frames, r.chunk_frames, self._side,
+                job.decoder, model.eos_token_id, r.first_chunk_frames, r.chunk_frames, self._side_stream(),
                 skip_frames=0 if r.emit_prefix else audio_len, flush=r.flush,
             )
+
+    def _side_stream(self):
+        if not self._sides:
+            return None
+        self._next_side = (self._next_side + 1) % len(self._sides)
+        return self._sides[self._next_side]
 
     def _backbone_prefill(self, hidden: torch.Tensor) -> torch.Tensor:
         """The backbone over ``hidden`` (2, l, d) on the staging state; CUDA-graph pieces when graphs are on."""
@@ -563,8 +582,8 @@ class Engine:
             self._free = sorted(set(self._free) | set(job.slots))
         job.slots = []
         if job.decoder is not None:
-            if self._side is not None:
-                self._side.synchronize()
+            if job.assembler is not None and job.assembler.side is not None:
+                job.assembler.side.synchronize()
             if job.decoder is not job.request.decoder:  # the engine's own: back to the pool
                 job.decoder.reset()
                 self._decoders.append(job.decoder)

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import torch
 
-from zonos_accel.triton._support import check_tensors, tl, triton  # isort: split (names triton if missing)
 from zonos_accel.triton import pdl
+from zonos_accel.triton._support import check_tensors, tl, triton
 from zonos_accel.triton.pdl import enter
 
 MAX_GROUP = 1 << 16  # one program holds its whole group in registers
+# H200, benchmarks/mamba_decode_ops.py (d_inner 4096, one group, 34 layers in one graph): 2.1 / 2.0 / 2.0 / 6.7 µs
+# per layer at 1 / 2 / 16 / 512 rows against mamba_ssm's fused norm at 2.3 / 2.6 / 2.7 / 5.9.
 
 
 @triton.jit

@@ -1,7 +1,13 @@
-"""Adapters from Zonos's op boundary to mamba_ssm's Triton kernels (an optional dependency).
+"""Adapters from Zonos's op boundary to mamba_ssm's Triton kernels: an optional backend, and the reference the
+benchmarks compare ours against (benchmarks/ssd_scan.py, benchmarks/mamba_decode_ops.py).
 
-Each function keeps the contract of its reference in :mod:`zonos.ops`; mamba_ssm is imported on first
-use, through :func:`mamba_module`, which names the package and the extra to install when it is missing.
+The default GPU path needs no mamba_ssm: our Triton kernels cover the state update
+(:mod:`zonos_accel.triton.state_update`) and the gated RMSNorm (:mod:`zonos_accel.triton.gated_norm`), the
+CuTeDSL scan (:mod:`zonos_accel.ssd`) or the torch reference the prefill scan. mamba_ssm is not in the ``gpu``
+extra (its sdist builds CUDA extensions with nvcc); it is imported on first use, through :func:`mamba_module`,
+which says how to install it when it is missing.
+
+Each function keeps the contract of its reference in :mod:`zonos.ops`.
 """
 
 from __future__ import annotations
@@ -15,7 +21,8 @@ import torch
 
 from zonos.ops.precision import compute_dtype
 
-INSTALL_HINT = "pip install 'zonos-accel[gpu]'"
+INSTALL_HINT = "pip install 'zonos-accel[gpu]'"  # triton and nvidia-cutlass-dsl, wheels only
+MAMBA_HINT = "pip install mamba-ssm --no-build-isolation (it builds with nvcc; Zonos runs without it)"
 
 
 @functools.cache
@@ -26,7 +33,7 @@ def mamba_module(name: str):
     except ImportError as e:
         raise ImportError(
             f"this fast path needs the mamba_ssm package (its Triton kernels), which failed to import ({e}); "
-            f"install it with {INSTALL_HINT}"
+            f"install it with {MAMBA_HINT}"
         ) from e
     _keep_autotuning_on_disk()
     return module

@@ -15,12 +15,15 @@ from __future__ import annotations
 
 import torch
 
-from zonos_accel.triton._support import check_tensors, tl, triton  # isort: split (names triton if missing)
 from zonos_accel.triton import pdl
+from zonos_accel.triton._support import check_tensors, tl, triton
 from zonos_accel.triton.pdl import enter
 
 # Channels per program and warps, pinned (no autotuning: the kernel writes its input). 16 × 128 bf16 state
-# elements per program give 4 · 64 · batch programs at Zonos-v0.1-hybrid size (64 heads × 64 × 128).
+# elements per program give 4 · 64 · batch programs at Zonos-v0.1-hybrid size (64 heads × 64 × 128). H200,
+# benchmarks/mamba_decode_ops.py (34 layers in one graph, dt bias + softplus, D): 2.0 / 2.9 / 10.4 / 270 µs per
+# layer at batch 1 / 2 / 16 / 512 against mamba_ssm's selective_state_update at 2.6 / 4.4 / 20.2 / 582 (at 512
+# slots: 4.0 TB/s of state read and written).
 BLOCK_P = 16
 NUM_WARPS = 4
 MAX_BATCH = 65535  # the grid's third axis

@@ -1000,7 +1000,8 @@ def build_demo(
         generate.click(
             None,
             inputs=list(controls.values()),
-            js=f"(...values) => window.zonosPlayer.start({json.dumps(names)}, values)",
+            # Not awaited: Gradio would hold the event as pending (and ignore the next click) until the stream ends.
+            js=f"(...values) => {{ window.zonosPlayer.start({json.dumps(names)}, values); }}",
             api_visibility="private",
         )
         stop.click(None, js="() => window.zonosPlayer.stop()", api_visibility="private")
@@ -1111,8 +1112,8 @@ class ModelCache:
     The DAC codec is loaded once, on first use, and shared by every model. ``accelerators`` (keyword
     arguments of :meth:`Zonos.use_accelerators`) are applied after each load and changed by
     :meth:`set_accelerators`. ``warmup`` (default: on CUDA) runs :meth:`Zonos.warmup` with the demo's chunk
-    schedule and every prefill piece size after each load, so no visitor waits for kernel compilation or
-    graph capture.
+    schedule, the page's default sampler settings and every prefill piece size after each load, so no
+    visitor waits for kernel compilation or graph capture.
     """
 
     def __init__(
@@ -1157,7 +1158,9 @@ class ModelCache:
             self._model, self._name = model, name
             print(f"loaded {name} on {self.device} in {time.perf_counter() - t0:.1f} s", flush=True)
             if self.warmup:
-                seconds = model.warmup(all_prefill_lengths=True, **self.schedule)
+                # Graphs are keyed by the sampler settings: capture those of the page's defaults.
+                sampling = SynthesisRequest().sampling_params()
+                seconds = model.warmup(all_prefill_lengths=True, sampling_params=sampling, **self.schedule)
                 print(f"warmed up {name} in {seconds:.1f} s", flush=True)
             return model
 

@@ -89,7 +89,9 @@ def server(args: argparse.Namespace, schedule: dict, ready) -> None:
     """The demo's process: build, warm up, serve until killed; puts its URL on ``ready``."""
     model = build_model(args)
     if model.device.type == "cuda":
-        print(f"warm-up: {model.warmup(all_prefill_lengths=True, progress_bar=False, **schedule):.1f} s", flush=True)
+        sampling = gi.SynthesisRequest().sampling_params()  # the page's defaults, which the requests use
+        seconds = model.warmup(all_prefill_lengths=True, sampling_params=sampling, progress_bar=False, **schedule)
+        print(f"warm-up: {seconds:.1f} s", flush=True)
     app = gi.build_app(lambda name: model, ["model"], device=model.device, **schedule)
     with serve(app) as url:
         ready.put(url)

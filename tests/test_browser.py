@@ -126,6 +126,18 @@ def test_stop_then_generate_again(page):
     assert stats["samplesScheduled"] > 0
 
 
+def test_generate_while_playing_restarts(page):
+    _click(page, "zonos-generate")
+    _wait(page, "return window.zonosPlayer.stats.samplesScheduled > 0")
+    first = _stats(page)["requests"]
+    _click(page, "zonos-generate")  # a new request replaces the playing one
+    _wait(page, f"return window.zonosPlayer.stats.requests > {first}", 5)
+    _wait(page, "return ['done', 'error'].includes(window.zonosPlayer.stats.state)")
+    stats = _stats(page)
+    assert stats["state"] == "done", stats["message"]
+    assert stats["samplesScheduled"] > 0
+
+
 def test_bad_input_shows_its_message(page):
     box = page.find_element("css selector", "textarea")
     box.clear()

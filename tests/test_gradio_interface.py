@@ -243,6 +243,9 @@ def test_bad_input_answers_with_its_message(server, uploads):
     short = uploads / "short.wav"
     sf.write(short, 0.3 * np.random.default_rng(0).standard_normal(2400).astype(np.float32), 24000)
     assert "too short" in _error(server, speaker_audio=str(short))
+    low = uploads / "low.wav"  # a header claiming 1 kHz: the library bounds the resampling cost
+    sf.write(low, 0.3 * np.random.default_rng(0).standard_normal(2000).astype(np.float32), 1000)
+    assert "sample rate 1000 Hz is outside" in _error(server, prefix_audio=str(low))
 
     no_emotion = dict.fromkeys(("happiness", "sadness", "disgust", "fear", "surprise", "anger", "other", "neutral"), 0)
     assert "emotion" in _error(server, **no_emotion)
@@ -289,9 +292,20 @@ def test_speaker_audio_clones(model, server, uploads):
         speaker = model.make_speaker_embedding(*gi._read_clip("speaker", str(clip)))
         _assert_same_audio(audio, _one_shot(model, speaker=speaker, max_new_tokens=12))
         assert len([k for k in gi._upload_cache if k[0] == "speaker"]) == 1
+        low = uploads / "low-speaker.wav"
+        sf.write(low, _speech_like(2.0, 4000).numpy(), 4000)
+        assert "sample rate 4000 Hz is outside" in _error(server, speaker_audio=str(low))
     finally:
         model.spk_clone_model = None
         gi._upload_cache.clear()
+
+
+def test_uploads_are_bounded(server):
+    big = b"RIFF" + bytes(gi.MAX_UPLOAD_BYTES)
+    resp = httpx.post(server.url + "gradio_api/upload", files={"files": ("big.wav", big)}, timeout=60)
+    assert resp.status_code == 413 and "maximum allowed size" in resp.text
+    small = httpx.post(server.url + "gradio_api/upload", files={"files": ("small.wav", b"RIFF")}, timeout=60)
+    assert small.status_code == 200
 
 
 def test_page_serves_the_player(server):
@@ -444,7 +458,15 @@ def test_model_cache_applies_accelerators_and_warms_up(model, tmp_path, monkeypa
     cache(str(tmp_path))
     assert calls[-2:] == [
         ("accel", {"cuda_graphs": False}),
-        ("warmup", {"all_prefill_lengths": True, "first_chunk_frames": 3, "chunk_frames": 5}),
+        (
+            "warmup",
+            {
+                "all_prefill_lengths": True,
+                "sampling_params": gi.SynthesisRequest().sampling_params(),
+                "first_chunk_frames": 3,
+                "chunk_frames": 5,
+            },
+        ),
     ]
     cache.set_accelerators(str(tmp_path), fast_ops=False)
     assert calls[-1] == ("accel", {"fast_ops": False})

@@ -563,6 +563,14 @@ def test_number_normalizer_never_raises(text: str, expected: str | None) -> None
         assert out.startswith("one,two,three,four,") and out.endswith("twenty-four,twenty-five")
 
 
+def test_prefix_that_overflows_is_refused() -> None:
+    """A finite but huge speaker embedding overflows float32 in the prefix norm: refused, not a NaN prefix."""
+    pc = PrefixConditioner(_config("hybrid"), 32)
+    cond = make_cond_dict(text="Hello.", speaker=torch.full((128,), 1e30), device="cpu")
+    with pytest.raises(ZonosInputError, match="prefix came out NaN or infinite"):
+        pc(cond)
+
+
 if __name__ == "__main__":
     import argparse
 

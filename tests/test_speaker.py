@@ -345,8 +345,13 @@ def test_int16_scaled_float_clip_is_rescaled_with_a_warning(tiny):
     torch.testing.assert_close(scaled, tiny.prepare(clip, 16000) * (32767 / 32768))
 
 
-def test_inference_path_equals_the_autograd_path(tiny):
-    """The in-place inference forward (bounded memory) computes what the plain modules compute."""
+@pytest.mark.parametrize("window", [256, 16, 7])
+def test_inference_path_equals_the_autograd_path(tiny, window, monkeypatch):
+    """The in-place, windowed inference forward (bounded memory) computes what the plain modules compute,
+    whether a window covers the clip or windows split it (ragged last window included)."""
+    from zonos.speaker import network
+
+    monkeypatch.setattr(network, "CONV_WINDOW", window)
     feats = tiny.features(_speech_like(1.5, 16000, seed=5)[None])
     with torch.no_grad():
         fast = tiny.network(feats)

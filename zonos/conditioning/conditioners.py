@@ -361,7 +361,18 @@ class PrefixConditioner(nn.Module):
         # Mixed dtypes only arise from odd inputs; follow the projection (or norm) dtype.
         ref = next(iter(self.project.parameters()), self.norm.weight)
         x = torch.cat([o.to(ref.dtype).expand(batch, -1, -1) for o in outs], dim=1)
-        return self.norm(self.project(x))
+        prefix = self.norm(self.project(x))
+        # Finite inputs can still overflow here (a speaker embedding of 1e30 squares past float32 in the norm);
+        # a NaN prefix would make generation emit silent all-zero codes, so refuse it now (one host read).
+        if not bool(prefix.isfinite().all()):
+            bad = [c.name for c, o in zip(self.conditioners, outs) if not bool(o.isfinite().all())]
+            raise ZonosInputError(
+                "the conditioning prefix came out NaN or infinite"
+                + (f" in conditioner(s) {bad}" if bad else "")
+                + "; an input is far outside its usual range (check the speaker embedding and the numeric values "
+                "passed to make_cond_dict), or the model's weights are broken"
+            )
+        return prefix
 
 
 # --- make_cond_dict -------------------------------------------------------------------------------------------

@@ -80,13 +80,55 @@ class SimAMBasicBlock(nn.Module):
             h = F.relu(self.bn1(self.conv1(x)))
             h = simam(self.bn2(self.conv2(h)))
             return F.relu(h + self.downsample(x))
-        # Inference: the same arithmetic in place, so at most three block-sized tensors are alive at once (the
-        # input, the conv output and one SimAM temporary; out of place it was six, 471 MB for a 30 s clip).
-        h = _batch_norm_(self.conv1(x), self.bn1).relu_()
-        h = _batch_norm_(self.conv2(h), self.bn2)
+        # Inference: the same arithmetic in place and in time windows (:func:`_conv_windows`), so besides the
+        # input one block-sized tensor is alive, plus window-sized temporaries. For a 30 s clip on the published
+        # network (64 x 80 x 3001 floats = 61 MB per stage-1 tensor) the embedding's memory growth went from
+        # 471 MB (out of place) to 351 MB (in place, whole tensors) to the figure in docs/BENCHMARKS.md.
+        h = _batch_norm_(_conv_windows(x, self.conv1), self.bn1).relu_()
+        h = _batch_norm_(_conv_windows(h, self.conv2, out=h), self.bn2)
         _simam_(h)
-        shortcut = x if isinstance(self.downsample, nn.Identity) else self.downsample(x)
-        return h.add_(shortcut).relu_()
+        if isinstance(self.downsample, nn.Identity):
+            return h.add_(x).relu_()
+        conv, bn = self.downsample
+        return h.add_(_batch_norm_(_conv_windows(x, conv), bn)).relu_()
+
+
+# Time frames per window of the inference path's convs: ~5 MB per stage-1 window (64 x 80 x 256 floats).
+CONV_WINDOW = 256
+
+
+def _conv_windows(x: Tensor, conv: nn.Conv2d, out: Tensor | None = None) -> Tensor:
+    """``conv(x)`` for ``x [B, C, H, W]`` computed over windows of :data:`CONV_WINDOW` output columns (time),
+    each from its own slice of ``x`` with the conv's halo, so the temporaries are window-sized.
+
+    ``out=x`` (a stride-1 conv keeping the shape) overwrites ``x`` with the result: the ``padding`` input
+    columns left of each window, already overwritten by the previous window, are kept aside before it is written.
+    """
+    (kh, kw), (sh, sw), (ph, pw) = conv.kernel_size, conv.stride, conv.padding
+    width = x.shape[-1]
+    out_width = (width + 2 * pw - kw) // sw + 1
+    if out_width <= CONV_WINDOW and out is None:
+        return conv(x)
+    in_place = out is x
+    if in_place and (sw != 1 or out_width != width or conv.out_channels != x.shape[1]):
+        raise ValueError("an in-place windowed conv needs stride 1 and an output shaped like its input")
+    if out is None:
+        out_height = (x.shape[2] + 2 * ph - kh) // sh + 1
+        out = x.new_empty(x.shape[0], conv.out_channels, out_height, out_width)
+    kept = None  # for in_place: the original input columns [a - pw, a) of the current window
+    for a in range(0, out_width, CONV_WINDOW):
+        b = min(a + CONV_WINDOW, out_width)
+        lo, hi = a * sw - pw, (b - 1) * sw + kw - pw  # input columns this window reads
+        if in_place and kept is not None:
+            piece = torch.cat([kept, x[..., a : min(hi, width)]], dim=-1)
+        else:
+            piece = x[..., max(lo, 0) : min(hi, width)]
+        piece = F.pad(piece, (max(-lo, 0), max(hi - width, 0)))
+        result = F.conv2d(piece, conv.weight, conv.bias, stride=(sh, sw), padding=(ph, 0))
+        if in_place:
+            kept = x[..., max(b - pw, 0) : b].clone()
+        out[..., a:b] = result
+    return out
 
 
 def _batch_norm_(x: Tensor, bn: nn.BatchNorm2d) -> Tensor:
@@ -97,10 +139,15 @@ def _batch_norm_(x: Tensor, bn: nn.BatchNorm2d) -> Tensor:
 
 
 def _simam_(x: Tensor, lam: float = 1e-4) -> Tensor:
-    """:func:`simam` in place on ``x``, with one temporary the size of ``x``."""
-    d = (x - x.mean(dim=(2, 3), keepdim=True)).square_()
-    v = d.sum(dim=(2, 3), keepdim=True) / (x.shape[2] * x.shape[3] - 1)
-    return x.mul_(d.div_(4 * (v + lam)).add_(0.5).sigmoid_())
+    """:func:`simam` in place on ``x``, window by window along time (no temporary the size of ``x``)."""
+    mean = x.mean(dim=(2, 3), keepdim=True)
+    windows = range(0, x.shape[-1], CONV_WINDOW)
+    d_sum = sum((x[..., a : a + CONV_WINDOW] - mean).square().sum(dim=(2, 3), keepdim=True) for a in windows)
+    scale = 4 * (d_sum / (x.shape[2] * x.shape[3] - 1) + lam)
+    for a in windows:
+        window = x[..., a : a + CONV_WINDOW]
+        window.mul_((window - mean).square_().div_(scale).add_(0.5).sigmoid_())
+    return x
 
 
 class ResNetTrunk(nn.Module):
@@ -122,9 +169,16 @@ class ResNetTrunk(nn.Module):
             channels = width
 
     def forward(self, x: Tensor) -> Tensor:
-        x = self.conv1(x)
-        x = F.relu(self.bn1(x)) if torch.is_grad_enabled() or self.training else _batch_norm_(x, self.bn1).relu_()
-        return self.layer4(self.layer3(self.layer2(self.layer1(x))))
+        if torch.is_grad_enabled() or self.training:
+            x = F.relu(self.bn1(self.conv1(x)))
+            return self.layer4(self.layer3(self.layer2(self.layer1(x))))
+        # Inference: one block at a time, each output replacing ``x``, so no earlier activation stays referenced
+        # (nested calls kept the stem's 61 MB output alive through layer1 for a 30 s clip).
+        x = _batch_norm_(_conv_windows(x, self.conv1), self.bn1).relu_()
+        for layer in (self.layer1, self.layer2, self.layer3, self.layer4):
+            for block in layer:
+                x = block(x)
+        return x
 
 
 class AttentiveStatsPool(nn.Module):

@@ -20,6 +20,7 @@ replayed; the key includes the model's backend, so switching accelerators takes 
 
 from __future__ import annotations
 
+import atexit
 import math
 import queue
 import threading
@@ -268,6 +269,7 @@ class Engine:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="zonos-engine", daemon=True)
                 self._thread.start()
+                atexit.register(self.shutdown)  # a worker killed inside a CUDA call at exit aborts the process
             self._cv.notify_all()
         return handle
 
@@ -276,6 +278,7 @@ class Engine:
         with self._cv:
             self._closed = True
             self._cv.notify_all()
+        atexit.unregister(self.shutdown)
         if wait and self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join()
 

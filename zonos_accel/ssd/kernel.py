@@ -7,9 +7,11 @@ One CTA of 8 warps owns one (sequence, head). With ``a_t = dt_t · A`` and ``cum
 
 1. Load (all threads): dt and the inclusive cumsum of dt · A (one token per thread, a warp scan and a CTA
    pass), C and B rows (t × n), xᵀ (p × t) and the initial state S0 (p × n, as bf16 hi + lo parts when it is
-   fp32) into shared memory, rows past the chunk's length zero.
-2. Output (warps ``w`` < T / 32, strips of 16 tokens ``w`` and ``T/16 − 1 − w``, balanced over the causal
-   triangle): the strip's C fragments stay in registers; the initial-state term C · S0ᵀ, scaled by
+   fp32) into shared memory, rows past the chunk's length zero up to the next multiple of 16 (nothing reads
+   further).
+2. Output, in strips of 16 tokens up to the chunk's length: strip w to warp w, and past 8 strips also strip
+   ``strips − 1 − w`` (≥ 8), which balances the causal triangle's blocks. The strip's C fragments stay in
+   registers; the initial-state term C · S0ᵀ, scaled by
    exp(cum_t); then per 16-token block s ≤ t: G = C · Bᵀ on the tensor cores, the decay mask and dt applied
    in the accumulator, which becomes the A operand of G · x (the accumulator layout of ``mma.m16n8k16`` is its
    A operand layout, as in flash attention), and D · x; y in x's dtype.
@@ -22,8 +24,9 @@ may alias the initial state (the chunk loop of :func:`zonos_accel.ssd.ssd_scan` 
 element is read into shared memory before the barrier, and the fp32 carry term is read and written by the
 same thread.
 
-Shapes p = 64 (head dim), n = 128 (state) and the chunk's padded length T (a multiple of 64, ≤ 256) are
-compile-time constants; the chunk's length, strides and head → group ratio are runtime values.
+The head dim p (≤ 64), the state size n (64 or 128) and the initial state's presence and dtype are compile-time
+constants; shared memory is laid out for 256 tokens, and the chunk's length, the strides and the head → group
+ratio are runtime values, so one compiled kernel serves every prompt length.
 """
 
 from __future__ import annotations

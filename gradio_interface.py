@@ -59,7 +59,9 @@ __all__ = [
     "build_app",
     "build_demo",
     "decode_frames",
+    "encode_frame",
     "synthesis_events",
+    "synthesize_audio",
     "to_int16",
     "parse_args",
     "main",
@@ -302,7 +304,7 @@ def synthesis_events(
 ) -> Iterator[dict[str, Any] | np.ndarray]:
     """Speak one request; yields event dicts and float32 audio chunks (1-D numpy, the model's sample rate).
 
-    The events, in order: ``start`` (seed, sample rate, device, conditioning time) once the request is
+    The events, in order: ``start`` (seed, sample rate, device, prefix frames, conditioning time) once it is
     checked and conditioned; ``first_audio`` (server time to first audio from ``t_request``, a
     ``time.perf_counter()`` value, default now; and ``t_wall_ms``) just before the first chunk; ``done`` at
     the end (samples, seconds, elapsed, real-time factor, ``stopped``, and ``t_end_wall_ms``). The wall-clock
@@ -383,6 +385,7 @@ def synthesis_events(
             "seed": seed,
             "sample_rate": sr,
             "device": str(model.device),
+            "prefix_frames": 0 if prefix_codes is None else prefix_codes.shape[-1],
             "conditioning_ms": round(1000 * (t_start - t_request), 1),
         }
         samples = 0
@@ -590,6 +593,7 @@ PLAYER_JS = r"""
         chunks: 0,
         underruns: 0,
         sampleRate: null,
+        prefixFrames: null, // frames of the uploaded prefix clip, which play first
         state: "idle", // idle | streaming | done | stopped | error
         message: "",
       };
@@ -715,6 +719,7 @@ PLAYER_JS = r"""
       if (ev.event === "start") {
         stats.sampleRate = ev.sample_rate;
         stats.seed = ev.seed;
+        stats.prefixFrames = ev.prefix_frames;
         show("zonos-status", `Generating on ${ev.device} · seed ${ev.seed}…`);
       } else if (ev.event === "first_audio") {
         stats.serverTtfaMs = ev.ttfa_ms;
@@ -883,6 +888,7 @@ def build_demo(
                         label="Speaker audio to clone (optional, 5-30 s of speech)",
                         type="filepath",
                         sources=["upload", "microphone"],
+                        elem_id="zonos-speaker",
                     )
                     speaker_noised = gr_.Checkbox(label="Denoise speaker (hybrid only)", value=d.speaker_noised)
                 with gr_.Tab("Prefix"):
@@ -890,6 +896,7 @@ def build_demo(
                         label=f"Prefix audio to continue (optional; its first {MAX_PREFIX_SECONDS:.0f} s)",
                         type="filepath",
                         sources=["upload", "microphone"],
+                        elem_id="zonos-prefix",
                     )
                 with gr_.Tab("Accelerators"):
                     reason = _accelerator_info(device, set_accelerators is not None)

@@ -13,7 +13,9 @@ import re
 import shutil
 import time
 
+import numpy as np
 import pytest
+import soundfile as sf
 import torch
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
@@ -155,6 +157,21 @@ def test_generate_while_playing_restarts(page):
     stats = _stats(page)
     assert stats["state"] == "done", stats["message"]
     assert stats["samplesScheduled"] > 0
+
+
+def test_uploaded_prefix_is_continued(page, tmp_path):
+    clip = tmp_path / "prefix.wav"
+    sf.write(clip, 0.3 * np.random.default_rng(0).standard_normal(22050).astype(np.float32), 44100)
+    page.find_element("xpath", "//button[@role='tab'][normalize-space()='Prefix']").click()
+    page.find_element("css selector", "#zonos-prefix input[type=file]").send_keys(str(clip))
+    _wait(page, "return !!document.querySelector('#zonos-prefix audio, #zonos-prefix .waveform-container')", 15)
+    _click(page, "zonos-generate")
+    _wait(page, "return ['done', 'error'].includes(window.zonosPlayer.stats.state)")
+    stats = _stats(page)
+    assert stats["state"] == "done", stats["message"]
+    assert stats["prefixFrames"] == 44  # 0.5 s at 44.1 kHz, padded to whole 512-sample frames
+    assert stats["samplesScheduled"] > 44 * 512  # the decoded prefix plays first, then the continuation
+    page.find_element("css selector", "#zonos-prefix button[aria-label='Clear']").click()
 
 
 def test_bad_input_shows_its_message(page):

@@ -171,7 +171,7 @@ def test_stream_equals_one_shot_and_reports_its_timing(model, server):
     _assert_same_audio(audio, _one_shot(model))
     start, first, done = events
     assert start["event"] == "start" and start["seed"] == 11 and start["sample_rate"] == 44100
-    assert start["device"] == "cpu"
+    assert start["device"] == "cpu" and start["prefix_frames"] == 0
     assert first["event"] == "first_audio" and 0 < first["generation_ms"] < first["ttfa_ms"]
     assert done["event"] == "done" and not done["stopped"] and done["samples"] == audio.size
     assert done["seconds"] == pytest.approx(audio.size / 44100) and done["rtf"] > 0
@@ -271,10 +271,10 @@ def test_prefix_audio_is_continued(model, server, uploads):
     clip = uploads / "prefix.wav"
     rng = np.random.default_rng(1)
     sf.write(clip, 0.3 * rng.standard_normal((12000, 2)).astype(np.float32), 24000)  # stereo, resampled
-    _, audio = _stream(server, prefix_audio={"path": str(clip), "orig_name": "prefix.wav"})  # the page's FileData
+    events, audio = _stream(server, prefix_audio={"path": str(clip), "orig_name": "prefix.wav"})  # a FileData
     wav = torch.from_numpy(sf.read(clip, dtype="float32")[0].T.copy()).mean(0, keepdim=True)
     codes = model.autoencoder.encode(model.autoencoder.preprocess(wav, 24000)[None])
-    assert codes.shape[-1] > 10
+    assert codes.shape[-1] > 10 and events[0]["prefix_frames"] == codes.shape[-1]
     _assert_same_audio(audio, _one_shot(model, audio_prefix_codes=codes))
     assert len([k for k in gi._upload_cache if k[0] == "prefix"]) == 1
 

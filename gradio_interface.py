@@ -28,6 +28,7 @@ import math
 import os
 import secrets
 import struct
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -1240,7 +1241,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Parse the command line, load the first model and serve the demo until interrupted."""
+    """Parse the command line, load the first model and serve the demo until interrupted; 2 if it cannot load."""
     import uvicorn
 
     args = parse_args(argv)
@@ -1254,7 +1255,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         accelerators=_accelerator_flags(args),
     )
     if not args.no_preload:
-        loader(args.model[0])
+        try:
+            loader(args.model[0])
+        except (OSError, ValueError, ImportError) as e:  # a bad model, codec, device or accelerator flag
+            print(f"error: could not load {args.model[0]}: {e}", file=sys.stderr)
+            return 2
     app = build_app(loader, args.model, args.first_chunk_frames, args.chunk_frames)
     print(f"serving the demo on http://{args.host}:{args.port}", flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")

@@ -410,7 +410,7 @@ def test_help_explains_every_flag(capsys):
         gi.parse_args(["--port", "0"])
 
 
-def test_model_cache_and_main(model, tmp_path, monkeypatch):
+def test_model_cache_and_main(model, tmp_path, monkeypatch, capsys):
     """ModelCache loads a local directory once, swaps models on demand; main() preloads and serves."""
     from zonos.codec import DACAutoencoder as PublicDAC
 
@@ -440,8 +440,11 @@ def test_model_cache_and_main(model, tmp_path, monkeypatch):
     assert gi.main(["--model", str(a), "--device", "cpu", "--port", "7999", "--codec", "x/y"]) == 0
     assert served["host"] == "127.0.0.1" and served["port"] == 7999
     assert any(getattr(r, "path", None) == "/zonos/stream" for r in served["app"].routes)
-    with pytest.raises(ValueError, match="CUDA"):  # an accelerator the CPU cannot run is refused at load
-        gi.main(["--model", str(a), "--device", "cpu", "--cute-gemv"])
+    # An accelerator the CPU cannot run, or a missing model, is refused at load with one line.
+    assert gi.main(["--model", str(a), "--device", "cpu", "--cute-gemv"]) == 2
+    assert gi.main(["--model", str(tmp_path / "missing"), "--device", "cpu"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 2 and "use_cute_gemv=True needs" in err[0] and "missing" in err[1]
 
 
 def test_model_cache_applies_accelerators_and_warms_up(model, tmp_path, monkeypatch, capsys):

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -32,16 +34,21 @@ def random_model(kind: str = "hybrid", device: str = "cuda", dtype: torch.dtype 
     return model.to(dtype).eval()
 
 
-def suppress_eos(model: Zonos) -> None:
-    """Make codebook 0 never sample EOS, so every run generates exactly max_new_tokens frames."""
-    step = model._step
+@functools.cache
+def _eos_barred(eos_token_id: int) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    def bar_eos(logits: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
+        out = logits.clone()  # out of place: the engine keeps the result for this request's rows only
+        out[:, 0, eos_token_id] = float("-inf")
+        return out
 
-    def step_without_eos(codes, state, cfg_scale):
-        logits = step(codes, state, cfg_scale)
-        logits[:, 0, model.eos_token_id] = float("-inf")
-        return logits
+    return bar_eos
 
-    model._step = step_without_eos
+
+def no_eos(model: Zonos) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """A ``logits_processor`` for ``generate`` that keeps codebook 0 from sampling EOS, so every run generates
+    exactly max_new_tokens frames. One object per EOS id: the engine keys its step graphs by the processors, so
+    passing the same one to every request replays one graph."""
+    return _eos_barred(model.eos_token_id)
 
 
 def cuda_time(fn, reps: int = 5, warmup: int = 1) -> float:

@@ -1,8 +1,9 @@
-"""Decode step of Zonos-v0.1-hybrid (random bf16 weights) on one GPU, batch 1 with and without CFG.
+"""Decode step of Zonos-v0.1-hybrid (random bf16 weights) on one GPU: one request, with and without CFG.
 
-For each op backend (torch references; Triton fast paths) and guidance setting it reports:
-GPU ms per step (median of CUDA-graph replays, CUDA events), mean wall ms per step inside ``generate`` (eager
-and with graphs), kernels per step (torch.profiler over graph replays),
+The engine's slot always runs 2 backbone rows (cond and uncond), so guidance off (scale 1.0) moves the same
+bytes. For each op backend (``benchmarks/gpu.py``'s OPS_KINDS) and guidance setting it reports:
+GPU ms per step (median of replays of the engine's captured step, CUDA events), mean wall ms per step inside
+``generate`` (eager and with graphs), kernels per step (torch.profiler over graph replays),
 bytes per step (weights + SSM/conv state read and written + KV rows read), the floor (bytes ÷ the read
 bandwidth measured in this run), the ratio to the floor, and the real-time factor (11.61 ms ÷ wall step).
 It also checks, at real size, that the Triton backend's logits follow the torch backend's.
@@ -13,17 +14,18 @@ It also checks, at real size, that the Triton backend's logits follow the torch 
 from __future__ import annotations
 
 import argparse
-import copy
 import statistics
 import time
 import traceback
 
 import torch
-from gpu import FRAME_MS, environment, event_times, read_bandwidth_gbs, real_size_model, report, set_ops
+from common import no_eos
+from gpu import FRAME_MS, decode_step, environment, event_times, read_bandwidth_gbs, real_size_model, report, use_ops
 
 from zonos.backbone.attention import Attention
-from zonos.model import N_CODEBOOKS
-from zonos_accel.graph import disable_cuda_graphs, enable_cuda_graphs
+from zonos.codebook_pattern import N_CODEBOOKS
+from zonos.model import Zonos
+from zonos.ops.backend import REFERENCE
 
 PARAMS = {"min_p": 0.1}
 
@@ -43,19 +45,19 @@ def step_bytes(model, batch: int, kv_rows: int) -> dict[str, int]:
     return {"weights": weights, "state": ssm, "kv": kv}
 
 
-def kernels_per_replay(graph, n: int = 5) -> int:
+def kernels_per_replay(step, n: int = 5) -> int:
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(n):
-            graph.replay()
+            step()
         torch.cuda.synchronize()
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA and "Memcpy" not in e.name]
     return round(len(kernels) / n)
 
 
 def generate_wall_ms(model, prefix, cfg_scale: float, steps: int) -> tuple[float, int, float]:
-    """Mean wall ms per decode step inside ``generate`` (from step 1 to the synchronized end: the loop reads
+    """Mean wall ms per decode step inside ``generate`` (from step 1 to the synchronized end: the engine reads
     the device only every few steps, so gaps between callbacks show queueing, not steps), steps run, and
     seconds from the call to step 1."""
     stamps = []
@@ -74,41 +76,55 @@ def generate_wall_ms(model, prefix, cfg_scale: float, steps: int) -> tuple[float
         progress_bar=False,
         callback=callback,
         generator=torch.Generator("cuda").manual_seed(0),
+        logits_processor=no_eos(model),
     )
     torch.cuda.synchronize()
     end = time.perf_counter()
     return (end - stamps[0]) * 1e3 / (len(stamps) - 1), len(stamps), stamps[0] - t0
 
 
-def graph_gpu_ms(model, runner, prefix, cfg_scale: float, replays: int) -> tuple[float, float, object, int]:
-    """Prefill ``prefix``, then time replays of the captured step. Returns (median ms, spread ms, graph, position)."""
-    batch = prefix.shape[0]
-    runner.prepare(batch // (2 if cfg_scale != 1.0 else 1), cfg_scale, PARAMS)
-    state = model._inference_state(batch)
-    codes = torch.full((batch // (2 if cfg_scale != 1.0 else 1), N_CODEBOOKS, 1), model.masked_token_id, device="cuda")
-    model._prefill(prefix, codes, state, cfg_scale)
-    (entry,) = [e for k, e in runner._graphs.items() if k[0] == id(state) and k[4] == float(cfg_scale)]
-    ms = event_times(entry.graph.replay, repeat=replays, warmup=5)
+def graph_gpu_ms(model, prefix, cfg_scale: float, replays: int) -> tuple[float, float, object, int]:
+    """A short request (prefill ``prefix``, capture the step), then time replays of the engine's captured step.
+    Returns (median ms, p10-p90 spread ms, the step, the slot's KV position)."""
+    generate_wall_ms(model, prefix, cfg_scale, 16)
+    step = decode_step(model, PARAMS, (no_eos(model),))
+    with model.engine.idle():
+        ms = event_times(step, repeat=replays, warmup=5)
+        position = int(model.engine.slots.state.position[0])
     deciles = statistics.quantiles(ms, n=10)
-    return statistics.median(ms), deciles[-1] - deciles[0], entry.graph, int(state.position)
+    return statistics.median(ms), deciles[-1] - deciles[0], step, position
 
 
+@torch.inference_mode()
+def _guided(m, hidden: torch.Tensor) -> torch.Tensor:
+    return m.guided_logits(hidden, torch.full((1,), 2.0, device=hidden.device))
+
+
+@torch.inference_mode()
 def logits_check(model, prefix, steps: int = 8) -> dict[str, list[float]]:
     """Relative error of each bf16 backend's logits against the same weights in float32 (torch ops):
-    prefill, then greedy steps all fed with the float32 run's tokens."""
-    disable_cuda_graphs(model)
-    model._state = None
-    with torch.inference_mode(False):  # parameters are copied as ordinary tensors
-        reference = copy.deepcopy(model).float()
+    prefill, then greedy steps all fed with the float32 run's tokens (the backbone and heads, no engine)."""
+    from zonos_accel.triton import triton_backend
+
+    with torch.device("meta"):
+        reference = Zonos(model.config, max_seqlen=model.max_seqlen)
+    reference.load_checkpoint(model.state_dict(), device="cuda", dtype=torch.float32)
+    reference.eval()
     runs = {}
-    for name, m, ops in (("fp32", reference, "torch"), ("torch", model, "torch"), ("triton", model, "triton")):
-        set_ops(ops)
-        state = m._inference_state(2)
+    for name, m, backend in (
+        ("fp32", reference, REFERENCE),
+        ("torch", model, REFERENCE),
+        ("triton", model, triton_backend()),
+    ):
+        m.set_backend(backend)
+        state = m.backbone.allocate_inference_state(2, prefix.shape[1] + steps + 1)
         codes = torch.full((1, N_CODEBOOKS, 1), m.masked_token_id, device="cuda")
-        out = [m._prefill(prefix.to(m.dtype), codes, state, 2.0)]
+        hidden = torch.cat([prefix.to(m.dtype), m.embed_codes(codes).expand(2, -1, -1)], dim=1)
+        out = [_guided(m, m.backbone(hidden, state)[:, -1])]
         for i in range(steps):
             tokens = (runs["fp32"][i] if "fp32" in runs else out[-1]).argmax(-1)
-            out.append(type(m)._step(m, tokens[..., None], state, 2.0))
+            h = m.embed_codes(tokens[..., None]).expand(2, -1, -1)
+            out.append(_guided(m, m.backbone.step(h, state)[:, -1]))
         runs[name] = out
     errors = {}
     for name in ("torch", "triton"):
@@ -120,19 +136,19 @@ def logits_check(model, prefix, steps: int = 8) -> dict[str, list[float]]:
 
 
 def measure(model, prefix, ops: str, cfg_scale: float, bw: float, args, rows: list, detail: list) -> None:
-    set_ops(ops)
-    batch = 2 if cfg_scale != 1.0 else 1
-    disable_cuda_graphs(model)
+    batch = 2  # an engine slot runs its cond and uncond rows whatever the guidance scale
+    use_ops(model, ops, cuda_graphs=False)
     eager_wall, _, _ = generate_wall_ms(model, prefix, cfg_scale, args.eager_steps)
-    runner = enable_cuda_graphs(model)
+    use_ops(model, ops)
+    graphs = model.engine.graphs
     t0 = time.perf_counter()
-    gpu_ms, spread, graph, position = graph_gpu_ms(model, runner, prefix[:batch], cfg_scale, args.steps)
+    gpu_ms, spread, step, position = graph_gpu_ms(model, prefix, cfg_scale, args.steps)
     first = time.perf_counter() - t0
-    kernels = kernels_per_replay(graph)
-    captures = runner.captures
+    kernels = kernels_per_replay(step)
+    captures = graphs.captures
     generate_wall_ms(model, prefix, cfg_scale, 20)  # a request that pays no capture
     wall, steps_run, to_first = generate_wall_ms(model, prefix, cfg_scale, args.steps)
-    assert runner.captures == captures, "a later request captured again"
+    assert graphs.captures == captures, "a later request captured again"
     kv_rows = args.max_seqlen if ops == "torch" else position
     moved = step_bytes(model, batch, kv_rows)
     floor_bytes = step_bytes(model, batch, position)
@@ -140,7 +156,7 @@ def measure(model, prefix, ops: str, cfg_scale: float, bw: float, args, rows: li
     rows.append(
         [
             ops,
-            "on (batch 2)" if batch == 2 else "off (batch 1)",
+            "on" if cfg_scale != 1.0 else "off (scale 1.0)",
             f"{gpu_ms:.3f}",
             f"{eager_wall:.2f}",
             f"{wall:.3f}",
@@ -154,7 +170,7 @@ def measure(model, prefix, ops: str, cfg_scale: float, bw: float, args, rows: li
     )
     detail.append(
         f"{ops} cfg={cfg_scale}: GPU p10–p90 spread {spread:.3f} ms over {args.steps} replays; "
-        f"position after prefill+replays {position}; first prepare {first:.2f} s (incl. warm-up/JIT); "
+        f"KV position of the replays {position}; first request + step capture {first:.2f} s (incl. warm-up/JIT); "
         f"generate call → step 1 {to_first * 1e3:.1f} ms; {steps_run} steps; "
         f"bytes: weights {moved['weights'] / 1e9:.3f} GB, SSM+conv state r/w {moved['state'] / 1e6:.1f} MB, "
         f"KV {moved['kv'] / 1e6:.1f} MB ({kv_rows} rows)"
@@ -163,12 +179,14 @@ def measure(model, prefix, ops: str, cfg_scale: float, bw: float, args, rows: li
 
 @torch.inference_mode()
 def main():
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--eager-steps", type=int, default=30)
     ap.add_argument("--prefix", type=int, default=120)
     ap.add_argument("--max-seqlen", type=int, default=4096)
-    ap.add_argument("--ops", default="torch,triton")
+    ap.add_argument(
+        "--ops", default="torch,triton", help="comma-separated, from torch, triton, triton-nopdl, triton+gemv"
+    )
     args = ap.parse_args()
 
     print(environment())
@@ -187,14 +205,12 @@ def main():
             except Exception:  # keep the other configurations' numbers
                 traceback.print_exc()
                 rows.append([ops, cfg_scale, "failed (see log)"])
-            disable_cuda_graphs(model)
 
     check = {}
     try:
         check = logits_check(model, prefix)
     except Exception:
         traceback.print_exc()
-    set_ops("torch")
     for line in detail:
         print(line)
     for name, errors in check.items():

@@ -4,15 +4,16 @@ cold and warm kernel caches (issue 4).
 The parent launches one child process per case and reads back its timestamps (``time.perf_counter``, which
 is CLOCK_MONOTONIC on Linux, so the parent's spawn time and the child's stamps share one clock). A child:
 
-1. imports torch, zonos and the accelerator packages (zonos_accel.graph, zonos_accel.triton → triton and
+1. imports torch, zonos and the accelerator packages (zonos_accel.graphs, zonos_accel.triton → triton and
    mamba_ssm; with ``--cute-gemv`` also the CuTeDSL kernel module);
 2. builds the model: real-size Zonos-v0.1-hybrid with random bf16 weights (``benchmarks/common.py:
-   random_model``), EOS suppressed, a random real-size DAC 44.1 kHz codec, then ``model.use_accelerators()``
+   random_model``), a random real-size DAC 44.1 kHz codec, then ``model.use_accelerators()``
    as ``from_local`` does (Triton fast ops and CUDA graphs on; the checkpoint read of ``from_local`` is not
    part of this), synchronized: "model ready";
 3. runs two streamed requests (``generate(..., stream=True)``, batch 1 with CFG, a random (2, 120, 2048)
-   prefix in place of text conditioning, so no espeak) and stops each at its first audio chunk, stamping
-   prefill done, first decode step (device synchronized at both) and the first chunk with audio.
+   prefix in place of text conditioning, so no espeak; EOS barred by a logits processor) and stops each at its
+   first audio chunk, stamping prefill done, first decode step (device synchronized at both) and the first
+   chunk with audio.
 
 Cases (``--cases``): ``cold`` runs with empty TRITON_CACHE_DIR, TORCHINDUCTOR_CACHE_DIR and
 CUTE_DSL_CACHE_DIR in a temporary directory; ``warm`` is a second process on the same directories (primed
@@ -59,7 +60,7 @@ def child(args: argparse.Namespace) -> None:
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
     import torch
-    from common import random_model, suppress_eos
+    from common import random_model
     from gpu import tiny_model
 
     from zonos.codec.autoencoder import DACAutoencoder
@@ -68,7 +69,7 @@ def child(args: argparse.Namespace) -> None:
 
     accel = not args.tiny and args.device.startswith("cuda")
     if accel:
-        import zonos_accel.graph  # noqa: F401
+        import zonos_accel.graphs  # noqa: F401
         import zonos_accel.triton  # noqa: F401  (triton, mamba_ssm)
 
         if args.cute_gemv:
@@ -88,7 +89,6 @@ def child(args: argparse.Namespace) -> None:
         codec = DACAutoencoder(DACConfig(), device=args.device)
         model = random_model("hybrid", device=args.device, autoencoder=codec, max_seqlen=args.max_seqlen)
         dtype = torch.bfloat16
-    suppress_eos(model)
     if accel:
         model.use_accelerators(use_cute_gemv=args.cute_gemv or None)  # what from_local does (defaults: all on)
     else:
@@ -100,57 +100,73 @@ def child(args: argparse.Namespace) -> None:
     gen = torch.Generator(args.device).manual_seed(1)
     prefix = torch.randn(2, args.prefix, d, device=args.device, generator=gen).to(dtype)
     requests = []
+    stamper = PrefillStamp(model.eos_token_id, sync)
     for i in range(2):
-        requests.append(request(model, prefix, args, seed=i, sync=sync))
-        requests[-1]["captures"] = {
-            name: getattr(model.__dict__.get(attr), "captures", None)
-            for name, attr in (("decode", "_decode_step"), ("prefill", "_backbone_prefill"))
-        }
+        requests.append(request(model, prefix, args, seed=i, sync=sync, stamper=stamper))
+        graphs = model.engine.graphs
+        requests[-1]["captures"] = None if graphs is None else graphs.captures
     result = {"stamps": stamps, "requests": requests, "env": environment(torch, args.device)}
     print(RESULT_TAG + json.dumps(result), flush=True)
 
 
-def request(model, prefix, args: argparse.Namespace, seed: int, sync) -> dict:
+class PrefillStamp:
+    """The requests' logits processor: bars EOS from codebook 0 (every run lasts its length), and on its first call
+    after :meth:`arm` (a request's prefill, which the engine runs eagerly before the request's first decode step)
+    synchronizes the device and stamps the time. Disarmed, it is tensor work only, so the decode step's CUDA graph
+    captures and replays it like any processor; one object serves every request, so they share one step graph."""
+
+    def __init__(self, eos_token_id: int, sync):
+        self.eos_token_id = eos_token_id
+        self.sync = sync
+        self.marks: dict[str, float] | None = None
+
+    def arm(self, marks: dict[str, float]) -> None:
+        self.marks = marks
+
+    def __call__(self, logits, step):
+        if self.marks is not None:
+            self.sync()
+            self.marks["prefill"] = time.perf_counter()
+            self.marks = None
+        out = logits.clone()
+        out[:, 0, self.eos_token_id] = float("-inf")
+        return out
+
+
+def request(model, prefix, args: argparse.Namespace, seed: int, sync, stamper: PrefillStamp) -> dict:
     """One streamed request, stopped at its first chunk with audio: perf_counter stamps of the call, the end of
     prefill and of the first decode step (device synchronized there) and the first audio chunk."""
     import torch
 
     marks: dict[str, float] = {}
-    loop = model._decode_loop
 
-    def timed_loop(*a, **k):
-        inner = loop(*a, **k)
-        try:
-            for i, update in enumerate(inner):
-                if i < 2:
-                    sync()
-                    marks["prefill" if i == 0 else "step"] = time.perf_counter()
-                yield update
-        finally:
-            inner.close()
+    def callback(frame, step, max_steps):  # on the engine's thread, after each decode step
+        if step == 1:
+            sync()
+            marks["step"] = time.perf_counter()
+        return True
 
-    model._decode_loop = timed_loop
-    try:
-        generator = torch.Generator(args.device).manual_seed(seed)
-        sync()
-        marks["call"] = time.perf_counter()
-        stream = model.generate(
-            prefix,
-            max_new_tokens=args.frames,
-            cfg_scale=args.cfg_scale,
-            progress_bar=False,
-            stream=True,
-            first_chunk_frames=args.first_chunk_frames,
-            generator=generator,
-        )
-        for chunk in stream:
-            if chunk.audio.shape[-1]:  # on the CPU already when the model runs on CUDA
-                marks["audio"] = time.perf_counter()
-                marks["audio_frames"] = chunk.frames[1]
-                break
-        stream.close()
-    finally:
-        del model._decode_loop
+    generator = torch.Generator(args.device).manual_seed(seed)
+    stamper.arm(marks)
+    sync()
+    marks["call"] = time.perf_counter()
+    stream = model.generate(
+        prefix,
+        max_new_tokens=args.frames,
+        cfg_scale=args.cfg_scale,
+        progress_bar=False,
+        stream=True,
+        first_chunk_frames=args.first_chunk_frames,
+        generator=generator,
+        callback=callback,
+        logits_processor=stamper,
+    )
+    for chunk in stream:
+        if chunk.audio.shape[-1]:  # on the CPU already when the model runs on CUDA
+            marks["audio"] = time.perf_counter()
+            marks["audio_frames"] = chunk.frames[1]
+            break
+    stream.close()
     return marks
 
 
@@ -209,8 +225,7 @@ def row(case: str, result: dict) -> dict:
         return f"{(r[key] - r['call']) * 1e3:.1f}" if key in r else "none"
 
     def caps(r: dict) -> str:
-        c = r["captures"]
-        return "-" if c["decode"] is None else f"{c['decode']}+{c['prefill']}"
+        return "-" if r["captures"] is None else str(r["captures"])
 
     return {
         "case": case,
@@ -224,7 +239,7 @@ def row(case: str, result: dict) -> dict:
         "2nd request → first step ms": ms(r2, "step"),
         "2nd request → first audio ms": ms(r2, "audio"),
         "spawn → first audio s": f"{r1['audio'] - s['spawn']:.2f}" if "audio" in r1 else "none",
-        "graphs captured (decode+prefill) 1st / 2nd": f"{caps(r1)} / {caps(r2)}",
+        "graphs captured (decode steps + prefill pieces) after 1st / 2nd": f"{caps(r1)} / {caps(r2)}",
     }
 
 
@@ -280,7 +295,8 @@ def parent(args: argparse.Namespace) -> int:
     print(
         "\nimport: interpreter start → torch, zonos and accelerator packages imported; build: random weights, "
         "codec, use_accelerators(), synchronized (no checkpoint read); request columns: ms from the generate "
-        "call (prefill and first step stamped after a device sync); captures: graphs the runners captured so far."
+        "call (prefill and first step stamped after a device sync); captures: graphs the engine's graph cache holds "
+        "after each request."
     )
     for case in () if args.tiny else ("warm",):
         if case in first_audio:

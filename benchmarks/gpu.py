@@ -1,23 +1,24 @@
 """GPU measurement helpers for the decode benchmarks: the real-size model they time, the read-bandwidth
-ceiling, CUDA-event timing, the op backend switch, and the environment line each report starts with."""
+ceiling, CUDA-event timing, the op backend choice, the engine's captured decode step, and the environment line
+each report starts with."""
 
 from __future__ import annotations
 
 import datetime
 import statistics
+from collections.abc import Callable
 
 import torch
-from common import random_model, suppress_eos, table
+from common import random_model, table
 
 FRAME_MS = 11.61  # one frame of audio: 512 samples at 44.1 kHz
 
 
 def real_size_model(max_seqlen: int = 4096):
-    """Zonos-v0.1-hybrid in bf16 on CUDA with random weights, EOS suppressed so every run lasts its length."""
+    """Zonos-v0.1-hybrid in bf16 on CUDA with random weights (pass ``logits_processor=no_eos(model)`` to
+    ``generate`` so every run lasts its length)."""
     torch.manual_seed(0)
-    model = random_model("hybrid", max_seqlen=max_seqlen)
-    suppress_eos(model)
-    return model
+    return random_model("hybrid", max_seqlen=max_seqlen)
 
 
 def tiny_model(max_seqlen: int = 512, seed: int = 0, autoencoder=None):
@@ -57,22 +58,44 @@ def read_bandwidth_gbs(gib: int = 4) -> float:
 OPS_KINDS = ("torch", "triton", "triton-nopdl", "triton+gemv")
 
 
-def set_ops(kind: str) -> None:
-    """``torch``: the reference ops; ``triton``: every Triton fast path (mamba_ssm's and ours, ours launched
-    with programmatic dependent launch); ``triton-nopdl``: the same without PDL; ``triton+gemv``: the Triton
-    paths plus the CuTeDSL GEMV for the decode projections (``use_cute_gemv``)."""
-    from zonos_accel.gemv import disable_cute_gemv, enable_cute_gemv
-    from zonos_accel.triton import disable_triton_ops, enable_triton_ops, pdl
+def use_ops(model, kind: str, cuda_graphs: bool = True) -> None:
+    """Give ``model`` the op backend ``kind`` through ``use_accelerators``: ``torch``: the reference ops;
+    ``triton``: every Triton fast path (mamba_ssm's and ours, ours launched with programmatic dependent launch);
+    ``triton-nopdl``: the same without PDL; ``triton+gemv``: the Triton paths plus the CuTeDSL GEMV for the
+    decode projections (``use_cute_gemv``). The next request runs it (and captures its graphs)."""
+    from zonos_accel.triton import pdl
 
     if kind not in OPS_KINDS:
         raise ValueError(f"unknown op backend {kind!r}; known: {OPS_KINDS}")
-    disable_triton_ops()
-    disable_cute_gemv()
     pdl.ENABLED = kind != "triton-nopdl"
-    if kind.startswith("triton"):
-        enable_triton_ops()
-    if kind.endswith("+gemv"):
-        enable_cute_gemv()
+    model.use_accelerators(
+        fast_ops=kind.startswith("triton"), cuda_graphs=cuda_graphs, use_cute_gemv=kind.endswith("+gemv")
+    )
+
+
+def decode_step(model, sampling_params: dict, processors: tuple = ()) -> Callable[[], None]:
+    """The engine's decode step over its first slot, as a function that replays its CUDA graph (what a request
+    alone with these sampling parameters and logits processors runs; captured now on a side stream if no request
+    has). Call it inside ``model.engine.idle()``. The slot's request has ended, so a replay computes a full step
+    at the slot's last position and changes nothing a request reads."""
+    from zonos.engine.sampler import features
+    from zonos.sampling import SamplingParams
+
+    engine = model.engine
+    if engine.graphs is None:
+        raise ValueError("the model runs without CUDA graphs: use_accelerators(cuda_graphs=True) first")
+    use = features([SamplingParams.from_dict(sampling_params)])
+
+    def step() -> None:
+        engine.graphs.step(engine.slots, 1, use, processors, model.backbone.ops)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with engine.idle(), torch.cuda.stream(side):
+        step()
+        step()  # the first call of a new key runs eagerly and captures; this one replays
+    torch.cuda.synchronize()
+    return step
 
 
 def environment() -> str:

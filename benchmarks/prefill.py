@@ -1,9 +1,10 @@
 """Prefill of Zonos-v0.1-hybrid (random bf16 weights) with CFG (backbone batch 2) at conditioning lengths
 ~60, ~120 and ~1000 tokens: wall ms (host clock around a synchronized call) and GPU ms (CUDA events),
 medians of 10 after warm-up, for the torch reference ops and the Triton fast paths, each eager and with the
-prefill's CUDA graphs (``zonos_accel.graph.CudaGraphPrefill``: fixed-size pieces replayed at the device
-position). Graphs are captured before timing (``runner.prepare``); their count and capture time are printed,
-and so is how far the graphed logits are from the eager ones (same ops, same prefix).
+prefill's CUDA graphs (``zonos_accel.graphs.GraphCache.prefill``: fixed-size pieces replayed at the device
+position), on a 2-row inference state as the engine's staging state. Graphs are captured before timing
+(``GraphCache.prepare_prefill``); their count and capture time are printed, and so is how far the graphed
+logits are from the eager ones (same ops, same prefix).
 
     python3 benchmarks/prefill.py [--lengths 60,120,1000] [--ops torch,triton] [--graphs off,on]
 """
@@ -15,24 +16,31 @@ import statistics
 import time
 
 import torch
-from gpu import environment, real_size_model, report, set_ops
+from gpu import environment, real_size_model, report, use_ops
 
-from zonos.model import N_CODEBOOKS
-from zonos_accel.graph import disable_cuda_graphs, enable_cuda_graphs, prefill_pieces
+from zonos.codebook_pattern import N_CODEBOOKS
+from zonos_accel.graphs import GraphCache, prefill_pieces
 
 
-def time_prefill(model, prefix, repeat: int = 10, warmup: int = 2) -> tuple[float, float, torch.Tensor]:
-    """Median wall ms, median GPU ms, and the logits of the last call."""
-    state = model._inference_state(prefix.shape[0])
+def prefill(model, prefix: torch.Tensor, state, graphs: GraphCache | None) -> torch.Tensor:
+    """What the engine's prefill computes for one request on a reset ``state``: the backbone over the prefix and
+    the first code column (eager, or as ``graphs``' pieces), then the guided logits of the last position."""
+    state.reset()
     codes = torch.full((1, N_CODEBOOKS, 1), model.masked_token_id, device="cuda")
+    hidden = torch.cat([prefix, model.embed_codes(codes).expand(prefix.shape[0], -1, -1)], dim=1)
+    out = model.backbone(hidden, state) if graphs is None else graphs.prefill(model.backbone, hidden, state)
+    return model.guided_logits(out[:, -1], torch.full((1,), 2.0, device="cuda"))
+
+
+def time_prefill(model, prefix, state, graphs, repeat: int = 10, warmup: int = 2) -> tuple[float, float, torch.Tensor]:
+    """Median wall ms, median GPU ms, and the logits of the last call (run on the current stream)."""
     walls, gpus = [], []
     for i in range(warmup + repeat):
-        state.reset()
         torch.cuda.synchronize()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         t0 = time.perf_counter()
         start.record()
-        logits = model._prefill(prefix, codes, state, 2.0)
+        logits = prefill(model, prefix, state, graphs)
         end.record()
         torch.cuda.synchronize()
         if i >= warmup:
@@ -43,9 +51,11 @@ def time_prefill(model, prefix, repeat: int = 10, warmup: int = 2) -> tuple[floa
 
 @torch.inference_mode()
 def main():
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--lengths", default="60,120,1000")
-    ap.add_argument("--ops", default="torch,triton")
+    ap.add_argument(
+        "--ops", default="torch,triton", help="comma-separated, from torch, triton, triton-nopdl, triton+gemv"
+    )
     ap.add_argument("--graphs", default="off,on")
     args = ap.parse_args()
     print(environment())
@@ -54,38 +64,35 @@ def main():
     lengths = [int(n) for n in args.lengths.split(",")]
     prefixes = {n: torch.randn(2, n, 2048, device="cuda", generator=gen).to(torch.bfloat16) for n in lengths}
     rows, notes = [], []
+    state = model.backbone.allocate_inference_state(2, model.max_seqlen)
+    side = torch.cuda.Stream()  # CUDA-graph capture needs a side stream, as the engine's
     for ops in args.ops.split(","):
-        set_ops(ops)
+        use_ops(model, ops, cuda_graphs=False)  # the backend only: these runs call the backbone themselves
         eager_logits = {}
-        for graphs in args.graphs.split(","):
-            if graphs == "on":
-                enable_cuda_graphs(model)
-                runner = model._backbone_prefill
-            else:
-                disable_cuda_graphs(model)
+        for graph_mode in args.graphs.split(","):
+            graphs = GraphCache("cuda") if graph_mode == "on" else None
             for length in lengths:
                 label = ops
-                if graphs == "on":
-                    label = f"{ops} + graphs"
-                    before = runner.captures
-                    torch.cuda.synchronize()
-                    t0 = time.perf_counter()
-                    runner.prepare(2, [length + 1])  # what the first request of this length would capture
-                    torch.cuda.synchronize()
-                    notes.append(
-                        f"{label}, {length} tokens: pieces {prefill_pieces(length + 1)}, "
-                        f"{runner.captures - before} new graphs captured in {time.perf_counter() - t0:.2f} s"
-                    )
-                wall, gpu, logits = time_prefill(model, prefixes[length])
-                if graphs != "on":
+                with torch.cuda.stream(side):
+                    if graphs is not None:
+                        label = f"{ops} + graphs"
+                        before = graphs.captures
+                        torch.cuda.synchronize()
+                        t0 = time.perf_counter()
+                        graphs.prepare_prefill(model.backbone, state, prefill_pieces(length + 1))
+                        torch.cuda.synchronize()
+                        notes.append(
+                            f"{label}, {length} tokens: pieces {prefill_pieces(length + 1)}, "
+                            f"{graphs.captures - before} new graphs captured in {time.perf_counter() - t0:.2f} s"
+                        )
+                    wall, gpu, logits = time_prefill(model, prefixes[length], state, graphs)
+                if graphs is None:
                     eager_logits[length] = logits
                 elif length in eager_logits:
                     ref, finite = eager_logits[length], torch.isfinite(eager_logits[length])
                     rel = (logits[finite] - ref[finite]).norm() / ref[finite].norm()
                     notes.append(f"{label}, {length} tokens: logits vs eager, relative difference {rel:.2e}")
                 rows.append([label, length, length + 1, f"{wall:.2f}", f"{gpu:.2f}", f"{wall - gpu:.2f}"])
-        disable_cuda_graphs(model)
-    set_ops("torch")
     print()
     print("\n".join(notes))
     print(

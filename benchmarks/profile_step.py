@@ -1,5 +1,6 @@
-"""Where a graph-replayed decode step of Zonos-v0.1-hybrid (random bf16, batch 1 with CFG) spends its GPU
-time: torch.profiler over replays, kernels grouped by what they do, in µs per step and % of the step.
+"""Where a graph-replayed decode step of Zonos-v0.1-hybrid (random bf16, one request with CFG) spends its GPU
+time: torch.profiler over replays of the engine's captured step, kernels grouped by what they do, in µs per step
+and % of the step.
 
     python3 benchmarks/profile_step.py [--ops torch,triton] [--replays 20]
 """
@@ -12,12 +13,14 @@ import traceback
 from collections import defaultdict
 
 import torch
-from gpu import environment, real_size_model, report, set_ops
+from common import no_eos
+from gpu import decode_step, environment, real_size_model, report, use_ops
 from torch.profiler import ProfilerActivity, profile
 
-from zonos.model import N_CODEBOOKS
+from zonos.engine.sampler import features
 from zonos.sampling import SamplingParams
-from zonos_accel.graph import disable_cuda_graphs, enable_cuda_graphs
+
+PARAMS = {"min_p": 0.1}
 
 # First match wins; names are CUDA kernel names as the profiler reports them.
 GROUPS = [
@@ -45,10 +48,10 @@ def group_of(name: str) -> str:
     return "other"
 
 
-def profile_replays(graph, replays: int):
+def profile_replays(step, replays: int):
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(replays):
-            graph.replay()
+            step()
         torch.cuda.synchronize()
     return [
         e
@@ -59,8 +62,10 @@ def profile_replays(graph, replays: int):
 
 @torch.inference_mode()
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--ops", default="torch,triton")
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument(
+        "--ops", default="torch,triton", help="comma-separated, from torch, triton, triton-nopdl, triton+gemv"
+    )
     ap.add_argument("--replays", type=int, default=20)
     ap.add_argument("--prefix", type=int, default=120)
     args = ap.parse_args()
@@ -73,20 +78,18 @@ def main():
             profile_ops(model, prefix, ops, args.replays)
         except Exception:  # keep the other backend's table
             traceback.print_exc()
-        disable_cuda_graphs(model)
-    set_ops("torch")
 
 
 def profile_ops(model, prefix, ops: str, replays: int) -> None:
-    set_ops(ops)
-    runner = enable_cuda_graphs(model)
-    runner.prepare(1, 2.0, {"min_p": 0.1})
-    state = model._inference_state(2)
-    model._prefill(prefix, torch.full((1, N_CODEBOOKS, 1), model.masked_token_id, device="cuda"), state, 2.0)
-    (entry,) = runner._graphs.values()
-    for _ in range(5):
-        entry.graph.replay()
-    events = profile_replays(entry.graph, replays)
+    use_ops(model, ops)
+    model.generate(
+        prefix, max_new_tokens=16, sampling_params=PARAMS, progress_bar=False, logits_processor=no_eos(model)
+    )
+    step = decode_step(model, PARAMS, (no_eos(model),))
+    with model.engine.idle():
+        for _ in range(5):
+            step()
+        events = profile_replays(step, replays)
     if not events:
         print(f"{ops}: the profiler recorded no kernels inside graph replays")
         return
@@ -116,15 +119,16 @@ def profile_ops(model, prefix, ops: str, replays: int) -> None:
 
 
 def eager_ops(model, top: int = 20) -> list[list]:
-    """Which torch ops launch the kernels: one eager decode step (batch 1, CFG) under the profiler."""
-    codes = torch.full((1, N_CODEBOOKS, 2), model.masked_token_id, device="cuda")
-    remaining = torch.full((1,), 100, device="cuda")
-    stopping = torch.zeros(1, dtype=torch.bool, device="cuda")
-    args = (codes[..., -1:], codes, remaining, stopping, model._state, 2.0, SamplingParams(min_p=0.1), None)
-    type(model)._decode_step(model, *args)
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        type(model)._decode_step(model, *args)
-        torch.cuda.synchronize()
+    """Which torch ops launch the kernels: one eager decode step of the engine's first slot (one request, CFG)
+    under the profiler."""
+    engine = model.engine
+    use = features([SamplingParams.from_dict(PARAMS)])
+    processors = (no_eos(model),)
+    with engine.idle():
+        engine.slots.step(1, use, processors)
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            engine.slots.step(1, use, processors)
+            torch.cuda.synchronize()
     ops = [e for e in prof.key_averages() if e.key.startswith("aten::") and e.device_time_total > 0]
     ops.sort(key=lambda e: e.count, reverse=True)
     return [[e.key, e.count, f"{e.device_time_total:.0f}"] for e in ops[:top]]

@@ -19,30 +19,26 @@ import statistics
 import time
 
 import torch
+from common import cuda_time, no_eos, percentile, random_model, table
 
-import zonos.ops
-from benchmarks.common import cuda_time, percentile, random_model, suppress_eos, table
 from zonos.codec.autoencoder import DACAutoencoder
 from zonos.codec.dac import DACConfig
-from zonos.codec.streaming import StreamingDACDecoder
-from zonos.ops import vocoder as vocoder_reference
-from zonos_accel.triton import enable_triton_ops
+from zonos.codec.streaming import StreamingDACDecoder, receptive_field
+from zonos.ops.backend import REFERENCE, use_backend
 
 FRAME_S = 512 / 44100  # 11.61 ms of audio per frame
 
 
 @contextlib.contextmanager
-def torch_layer_ops():
-    """The decoder layers' torch references (cuDNN convs) instead of whatever zonos.ops holds."""
+def torch_layer_ops(codec: DACAutoencoder):
+    """The codec's decoder layers on the torch references (cuDNN convs), its other ops as they are."""
+    backend = codec.dac.ops
     names = ("conv1d", "conv_transpose1d", "sequence_tail")
-    saved = {name: getattr(zonos.ops, name) for name in names}
-    for name in names:
-        setattr(zonos.ops, name, getattr(vocoder_reference, name))
+    use_backend(codec.dac, backend.replace(f"{backend.name}, torch layers", **{n: REFERENCE.op(n) for n in names}))
     try:
         yield
     finally:
-        for name, op in saved.items():
-            setattr(zonos.ops, name, op)
+        use_backend(codec.dac, backend)
 
 
 def vocoder_cost(codec: DACAutoencoder, frames: int, chunk_sizes: list[int]) -> list[dict]:
@@ -51,7 +47,7 @@ def vocoder_cost(codec: DACAutoencoder, frames: int, chunk_sizes: list[int]) -> 
     codes = torch.randint(0, 1024, (1, 9, frames), device="cuda")
     one_shot = cuda_time(lambda: codec.decode(codes)) / frames
     ref = codec.decode(codes).float()
-    with torch_layer_ops():
+    with torch_layer_ops(codec):
         one_shot_torch = cuda_time(lambda: codec.decode(codes)) / frames
     dec = StreamingDACDecoder(codec)
     rows = []
@@ -97,42 +93,39 @@ def vocoder_cost(codec: DACAutoencoder, frames: int, chunk_sizes: list[int]) -> 
 
 
 def stream_run(model, prefix, frames: int, first: int, steady: int) -> dict:
-    """One streamed request; timestamps of every decode-loop update."""
+    """One streamed request; host timestamps of every decode step (the ``callback``, on the engine's thread)."""
     marks = []
-    loop = model._decode_loop
+    start, stepped = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
 
-    def timed_loop(*a, **k):
-        for update in loop(*a, **k):
-            if not marks:
-                prefilled.record()  # the prefill's GPU work ends here (the host only queued it)
-            marks.append(time.perf_counter())
-            yield update
+    def callback(frame, step, max_steps):
+        if not marks:
+            stepped.record()  # on the engine's stream, behind the prefill and the first step (only queued)
+        marks.append(time.perf_counter())
+        return True
 
-    model._decode_loop = timed_loop
-    start, prefilled = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    try:
-        t0 = time.perf_counter()
-        start.record()
-        ttfa, n_samples = None, 0
-        for chunk in model.generate(
-            prefix,
-            max_new_tokens=frames,
-            progress_bar=False,
-            stream=True,
-            first_chunk_frames=first,
-            chunk_frames=steady,
-        ):
-            if ttfa is None and chunk.audio.shape[-1]:
-                ttfa = time.perf_counter() - t0
-            n_samples += chunk.audio.shape[-1]
-        total = time.perf_counter() - t0
-    finally:
-        del model._decode_loop
+    t0 = time.perf_counter()
+    start.record()
+    ttfa, n_samples = None, 0
+    for chunk in model.generate(
+        prefix,
+        max_new_tokens=frames,
+        progress_bar=False,
+        stream=True,
+        first_chunk_frames=first,
+        chunk_frames=steady,
+        callback=callback,
+        logits_processor=no_eos(model),
+    ):
+        if ttfa is None and chunk.audio.shape[-1]:
+            ttfa = time.perf_counter() - t0
+        n_samples += chunk.audio.shape[-1]
+    total = time.perf_counter() - t0
+    # The engine reads the device only every few steps, so single gaps show queueing; average over the run.
+    step = (marks[-1] - marks[0]) / (len(marks) - 1)
     return {
         "ttfa": ttfa,
-        "prefill": start.elapsed_time(prefilled) / 1000,  # GPU span from the call to the prefill's end
-        # The loop reads the device only every few steps, so single gaps show queueing; average over the run.
-        "step": (marks[-1] - marks[0]) / (len(marks) - 1),
+        "prefill": start.elapsed_time(stepped) / 1000 - step,  # GPU span from the call to the first step's end, less it
+        "step": step,
         "total": total,
         "audio_s": n_samples / 44100,
     }
@@ -167,16 +160,17 @@ def main() -> None:
     torch.manual_seed(0)
     codec = DACAutoencoder(DACConfig(), device="cuda")
     if not args.no_accel:
-        enable_triton_ops()  # the Triton Snake in the vocoder, as use_accelerators enables it below
+        from zonos_accel.triton import triton_backend
+
+        use_backend(codec.dac, triton_backend())  # the vocoder's Triton ops, as use_accelerators gives it below
     print(table(vocoder_cost(codec, 256, [1, 2, 4, 8, 16, 32]), "Vocoder: streamed vs one-shot cost per frame"))
 
     model = random_model("hybrid", autoencoder=codec)
-    suppress_eos(model)
     model.use_accelerators(fast_ops=not args.no_accel, cuda_graphs=not args.no_accel, use_cute_gemv=args.gemv or None)
     prefix = torch.randn(2, 120, 2048, device="cuda", dtype=torch.bfloat16)
     stream_run(model, prefix, 30, 1, 1)  # warm-up: allocations, cuDNN/cuBLAS heuristics, graph capture
 
-    lookahead = model._stream_decoder.receptive_field.lookahead_frames
+    lookahead = receptive_field(codec.dac.config).lookahead_frames
     rows = []
     for spec in args.schedules.split(","):
         first, steady = map(int, spec.split("x"))

@@ -30,15 +30,16 @@ import re
 from collections import defaultdict
 
 import torch
+from common import table
+from streaming import torch_layer_ops, vocoder_cost
 from torch.profiler import ProfilerActivity, profile
 from triton import next_power_of_2
 
-from benchmarks.common import table
-from benchmarks.streaming import torch_layer_ops, vocoder_cost
 from zonos.codec.autoencoder import DACAutoencoder
 from zonos.codec.dac import DACConfig
 from zonos.codec.streaming import StreamingDACDecoder
-from zonos_accel.triton import enable_triton_ops
+from zonos.ops.backend import use_backend
+from zonos_accel.triton import triton_backend
 from zonos_accel.triton import vocoder as kernels
 
 GROUPS = [  # first match wins
@@ -331,7 +332,7 @@ def main() -> None:
 
     torch.manual_seed(0)
     codec = DACAutoencoder(DACConfig(), device="cuda")
-    enable_triton_ops()
+    use_backend(codec.dac, triton_backend())
     if args.ncu_push:
         steady, _ = steady_pushes(codec, args.ncu_push, 1)
         steady()  # the graphs are captured and warm: the profiled push is a replay like any steady one
@@ -361,7 +362,7 @@ def main() -> None:
         return
     with contextlib.ExitStack() as stack:
         if args.ops == "torch":
-            stack.enter_context(torch_layer_ops())
+            stack.enter_context(torch_layer_ops(codec))
         rows = profile_pushes(codec, args.chunks, args.pushes)
     print(table(rows, f"Streaming vocoder push, GPU time by kernel group ({args.ops} convs, fp16, graph replays)"))
     print(f"\n{torch.cuda.get_device_name()}, torch {torch.__version__}")

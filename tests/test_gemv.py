@@ -1,6 +1,6 @@
-"""The CuTeDSL GEMV behind ``zonos.ops.linear`` on the CPU: which calls it takes, the errors that name what
-is missing, and its work split (every weight vector read exactly once, for every Zonos shape and ragged
-ones). The kernel itself runs in tests/test_gpu_gemv.py."""
+"""The CuTeDSL GEMV backend (``cute_gemv_backend``, the ``linear`` op of ``use_cute_gemv``) on the CPU: which
+calls it takes, the errors that name what is missing, and its work split (every weight vector read exactly
+once, for every Zonos shape and ragged ones). The kernel itself runs in tests/test_gpu_gemv.py."""
 
 import sys
 from dataclasses import replace
@@ -9,8 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import zonos.ops
 import zonos_accel.gemv as cute_gemv
+from zonos.ops.backend import OP_NAMES, REFERENCE
 from zonos.ops.linear import linear as reference_linear
 from zonos_accel.gemv.config import (
     MAX_ROWS,
@@ -35,33 +35,25 @@ ZONOS_SHAPES = [(8512, 2048), (2048, 4096), (3072, 2048), (2048, 2048), (16384, 
 RAGGED_SHAPES = [(1000, 2056), (1000, 2040), (100, 8200), (24, 16384), (7, 8), (1, 24)]
 
 
-@pytest.fixture(autouse=True)
-def _reference_after():
-    yield
-    cute_gemv.disable_cute_gemv()
-
-
 def test_reference_is_f_linear():
     x, w, b = torch.randn(3, 5, 16), torch.randn(7, 16), torch.randn(7)
-    assert torch.equal(zonos.ops.linear(x, w), F.linear(x, w))
-    assert torch.equal(zonos.ops.linear(x, w, b), F.linear(x, w, b))
-    assert zonos.ops.linear is reference_linear
+    assert torch.equal(REFERENCE.linear(x, w), F.linear(x, w))
+    assert torch.equal(REFERENCE.linear(x, w, b), F.linear(x, w, b))
+    assert REFERENCE.linear is reference_linear
 
 
-def test_enable_without_cuda_names_it(monkeypatch):
+def test_backend_without_cuda_names_it(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(RuntimeError, match="needs a CUDA device"):
-        cute_gemv.enable_cute_gemv()
-    assert zonos.ops.linear is reference_linear
+        cute_gemv.cute_gemv_backend()
 
 
-def test_enable_without_cutlass_names_it(monkeypatch):
+def test_backend_without_cutlass_names_it(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setitem(sys.modules, "cutlass", None)  # makes `import cutlass` fail
     monkeypatch.delitem(sys.modules, "zonos_accel.gemv.kernel", raising=False)
     with pytest.raises(ImportError, match="nvidia-cutlass-dsl"):
-        cute_gemv.enable_cute_gemv()
-    assert not cute_gemv.cute_gemv_enabled()
+        cute_gemv.cute_gemv_backend()
 
 
 def test_gemv_refuses_cpu_tensors():
@@ -89,62 +81,72 @@ def _bf16(*shape):
     return torch.randn(*shape).to(torch.bfloat16)
 
 
+def test_backend_replaces_linear_only_and_leaves_its_base_alone(fake_gpu):
+    backend = cute_gemv.cute_gemv_backend(REFERENCE)
+    assert backend is not REFERENCE and backend.name == "torch+cute_gemv"
+    assert backend.linear is not reference_linear and REFERENCE.linear is reference_linear
+    assert all(backend.op(name) is REFERENCE.op(name) for name in OP_NAMES if name != "linear")
+    with torch.no_grad():
+        REFERENCE.linear(_bf16(2, 64), _bf16(48, 64))  # the base backend never reaches the kernel
+    assert fake_gpu == []
+
+
 @torch.no_grad()
 def test_decode_shaped_calls_reach_the_kernel(fake_gpu):
-    cute_gemv.enable_cute_gemv()
-    assert cute_gemv.cute_gemv_enabled()
+    linear = cute_gemv.cute_gemv_backend().linear
     w = _bf16(48, 64)
     for x in (_bf16(2, 64), _bf16(2, 1, 64), _bf16(1, 64), _bf16(MAX_ROWS, 64), _bf16(2, 2, 64)):
-        assert torch.equal(zonos.ops.linear(x, w), F.linear(x, w))
+        assert torch.equal(linear(x, w), F.linear(x, w))
     assert fake_gpu == [(2, 64), (2, 1, 64), (1, 64), (MAX_ROWS, 64), (2, 2, 64)]
 
 
 @torch.no_grad()
 def test_other_calls_keep_the_reference(fake_gpu):
-    cute_gemv.enable_cute_gemv()
+    linear = cute_gemv.cute_gemv_backend().linear
     w = _bf16(48, 64)
-    zonos.ops.linear(_bf16(MAX_ROWS + 1, 64), w)  # prefill-sized
-    zonos.ops.linear(_bf16(2, 1, 64).expand(2, 9, 64), w)  # 18 rows
-    zonos.ops.linear(torch.randn(2, 64), w.float())  # fp32
+    linear(_bf16(MAX_ROWS + 1, 64), w)  # prefill-sized
+    linear(_bf16(2, 1, 64).expand(2, 9, 64), w)  # 18 rows
+    linear(torch.randn(2, 64), w.float())  # fp32
     with pytest.raises(RuntimeError):  # mixed dtypes: the reference's own error
-        zonos.ops.linear(_bf16(2, 64), w.half())
-    zonos.ops.linear(_bf16(2, 12), _bf16(48, 12))  # K not a multiple of 8
-    zonos.ops.linear(_bf16(2, 64), _bf16(64, 48).t())  # non-contiguous weight
-    zonos.ops.linear(_bf16(2, 64), _bf16(48 * 64 + 1)[1:].view(48, 64))  # weight not 16-byte aligned
-    zonos.ops.linear(_bf16(0, 64), w)  # no rows
+        linear(_bf16(2, 64), w.half())
+    linear(_bf16(2, 12), _bf16(48, 12))  # K not a multiple of 8
+    linear(_bf16(2, 64), _bf16(64, 48).t())  # non-contiguous weight
+    linear(_bf16(2, 64), _bf16(48 * 64 + 1)[1:].view(48, 64))  # weight not 16-byte aligned
+    linear(_bf16(0, 64), w)  # no rows
     assert fake_gpu == []
 
 
 def test_autograd_keeps_the_reference(fake_gpu):
-    cute_gemv.enable_cute_gemv()
+    linear = cute_gemv.cute_gemv_backend().linear
     w = _bf16(48, 64).requires_grad_()
-    zonos.ops.linear(_bf16(2, 64), w).float().sum().backward()
+    linear(_bf16(2, 64), w).float().sum().backward()
     assert fake_gpu == [] and w.grad is not None
     with torch.no_grad():
-        zonos.ops.linear(_bf16(2, 64), w)
+        linear(_bf16(2, 64), w)
     assert fake_gpu == [(2, 64)]
 
 
 @torch.no_grad()
 def test_bias_and_row_limit(fake_gpu):
-    cute_gemv.enable_cute_gemv(max_rows=4)
+    linear = cute_gemv.cute_gemv_backend(max_rows=4).linear
     x, w, b = _bf16(4, 64), _bf16(48, 64), _bf16(48)
-    assert torch.equal(zonos.ops.linear(x, w, b), F.linear(x, w) + b)
-    zonos.ops.linear(_bf16(5, 64), w)
+    assert torch.equal(linear(x, w, b), F.linear(x, w) + b)
+    linear(_bf16(5, 64), w)
     assert fake_gpu == [(4, 64)]
-    cute_gemv.disable_cute_gemv()
-    zonos.ops.linear(x, w)
-    assert fake_gpu == [(4, 64)] and zonos.ops.linear is reference_linear
+    REFERENCE.linear(x, w)
+    assert fake_gpu == [(4, 64)]
+    with pytest.raises(ValueError, match="max_rows must be positive"):
+        cute_gemv.cute_gemv_backend(max_rows=0)
 
 
 @torch.no_grad()
 def test_real_cpu_tensors_never_reach_the_kernel(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(cute_gemv, "kernel_module", lambda: None)
-    cute_gemv.enable_cute_gemv()
+    linear = cute_gemv.cute_gemv_backend().linear
     x, w = _bf16(2, 64), _bf16(48, 64)
     assert not cute_gemv.supports(x, w)
-    assert torch.equal(zonos.ops.linear(x, w), F.linear(x, w))
+    assert torch.equal(linear(x, w), F.linear(x, w))
 
 
 def _split_cases():

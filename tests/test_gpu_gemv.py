@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import zonos.ops
+from zonos.ops.backend import REFERENCE
 from zonos_accel.gemv.config import (
     candidate_configs,
     mma_candidates,
@@ -157,27 +157,27 @@ def test_graph_replays_new_inputs(n, k):
 
 @gpu
 def test_routed_linear():
-    from zonos_accel.gemv import disable_cute_gemv, enable_cute_gemv
+    """The backend's ``linear`` (what ``use_cute_gemv`` gives a model) sends decode-shaped calls to the kernel,
+    prefill-shaped ones to cuBLAS, and is captured in a graph; the reference backend is left as it was."""
+    from zonos_accel.gemv import cute_gemv_backend
 
     x, w, _ = _problem(2, 3072, 2048)
     bias = torch.randn(3072, device="cuda", dtype=torch.bfloat16)
     prefill = torch.randn(64, 2048, device="cuda", dtype=torch.bfloat16)
-    enable_cute_gemv()
-    try:
-        with torch.inference_mode():
-            assert torch.equal(zonos.ops.linear(x[:, None], w)[:, 0], _gemv(x, w))
-            assert torch.equal(zonos.ops.linear(x, w, bias), _gemv(x, w) + bias)
-            assert torch.equal(zonos.ops.linear(prefill, w), F.linear(prefill, w))  # prefill stays on cuBLAS
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, stream=torch.cuda.Stream()):
-                y = zonos.ops.linear(x, w)
-            x.copy_(torch.randn_like(x))
-            y.fill_(float("nan"))
-            graph.replay()
-            torch.cuda.synchronize()
-            assert _rel(y, x.double() @ w.double().T) < 5e-3
-    finally:
-        disable_cute_gemv()
+    linear = cute_gemv_backend(REFERENCE).linear
+    with torch.inference_mode():
+        assert torch.equal(linear(x[:, None], w)[:, 0], _gemv(x, w))
+        assert torch.equal(linear(x, w, bias), _gemv(x, w) + bias)
+        assert torch.equal(linear(prefill, w), F.linear(prefill, w))  # prefill stays on cuBLAS
+        assert torch.equal(REFERENCE.linear(x, w), F.linear(x, w))
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=torch.cuda.Stream()):
+            y = linear(x, w)
+        x.copy_(torch.randn_like(x))
+        y.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert _rel(y, x.double() @ w.double().T) < 5e-3
 
 
 @pytest.mark.parametrize("tensor_cores", [False, True])

@@ -1,7 +1,8 @@
-"""The CUDA-graph prefill (``zonos_accel.graph.CudaGraphPrefill``, fixed-size pieces replayed at the device
+"""The CUDA-graph prefill (``zonos_accel.graphs.GraphCache.prefill``: fixed-size pieces replayed at the device
 position) equals the eager one-shot prefill: tiny models in fp32 with the torch ops (tight tolerance), the
 tiny hybrid with the Triton ops, and Zonos-v0.1-hybrid in bf16 with every Triton op (within bf16 noise of an
-fp32 reference), across requests of different lengths, with no capture once a length's pieces were seen."""
+fp32 reference), across requests of different lengths, with no capture once a length's pieces were seen, and
+a new capture for a new backend (the pieces are keyed by it)."""
 
 import copy
 
@@ -9,9 +10,11 @@ import pytest
 import torch
 
 from tests.tiny import random_state_dict, real_config, tiny_config
+from zonos.codebook_pattern import N_CODEBOOKS
 from zonos.config import ZonosConfig
-from zonos.model import N_CODEBOOKS, Zonos
-from zonos_accel.graph import CudaGraphPrefill, disable_cuda_graphs, enable_cuda_graphs, prefill_pieces
+from zonos.model import Zonos
+from zonos.ops.backend import REFERENCE
+from zonos_accel.graphs import GraphCache, prefill_pieces
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 LENGTHS = (120, 40, 299)  # prefix tokens; the backbone sees one more (the first code column)
@@ -37,28 +40,37 @@ def _prefix(length: int, seed: int, d: int = 64, dtype=torch.float32) -> torch.T
     return torch.randn(2, length, d, device="cuda", generator=torch.Generator("cuda").manual_seed(seed)).to(dtype)
 
 
+def _state(model: Zonos):
+    """A 2-row inference state, reused by every prefill of a test (the graphs are keyed by the state)."""
+    return model.backbone.allocate_inference_state(2, model.max_seqlen)
+
+
 @torch.inference_mode()
-def _prefill(model: Zonos, prefix: torch.Tensor) -> dict:
-    """What generate's prefill does (guidance on, backbone batch 2), keeping the backbone output of every
-    position, the logits, and the state it leaves (caches, device position, host seqlen)."""
-    state = model._inference_state(prefix.shape[0])
-    codes = torch.full((2, N_CODEBOOKS, 1), model.masked_token_id, device="cuda")
-    hidden = torch.cat([prefix.to(model.dtype), model.embed_codes(codes)], dim=1)
-    out = model._backbone_prefill(hidden, state)
-    caches = [t.clone() for c in state.caches for t in ((c.k, c.v) if hasattr(c, "k") else (c.conv, c.ssm))]
-    result = {
-        "hidden": out.float(),
-        "logits": model._guided_logits(out[:, -1], 2.0),
-        "caches": caches,
-        "position": int(state.position),
-        "seqlen": state.seqlen,
-    }
+def _prefill(model: Zonos, prefix: torch.Tensor, state, graphs: GraphCache | None = None) -> dict:
+    """What the engine's prefill does (guidance on, backbone rows cond and uncond) on a reset ``state``, eager or
+    as ``graphs``' pieces, keeping the backbone output of every position, the logits, and the state it leaves
+    (caches, device positions, host seqlen). Runs on a side stream, as the engine does (capture needs one)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        state.reset()
+        codes = torch.full((1, N_CODEBOOKS, 1), model.masked_token_id, device="cuda")
+        hidden = torch.cat([prefix.to(model.dtype), model.embed_codes(codes).expand(prefix.shape[0], -1, -1)], dim=1)
+        out = model.backbone(hidden, state) if graphs is None else graphs.prefill(model.backbone, hidden, state)
+        caches = [t.clone() for c in state.caches for t in ((c.k, c.v) if hasattr(c, "k") else (c.conv, c.ssm))]
+        result = {
+            "hidden": out.float(),
+            "logits": model.guided_logits(out[:, -1], torch.full((1,), 2.0, device="cuda")),
+            "caches": caches,
+            "position": state.position.tolist(),
+            "seqlen": state.seqlen,
+        }
     torch.cuda.synchronize()
     return result
 
 
 def _assert_close(graph: dict, eager: dict, tol: float) -> None:
-    assert graph["seqlen"] == eager["seqlen"] and graph["position"] == eager["position"] == eager["seqlen"]
+    assert graph["seqlen"] == eager["seqlen"] and graph["position"] == eager["position"] == [eager["seqlen"]] * 2
     torch.testing.assert_close(graph["hidden"], eager["hidden"], rtol=tol, atol=tol)
     finite = torch.isfinite(eager["logits"])
     assert torch.equal(finite, torch.isfinite(graph["logits"]))
@@ -74,59 +86,70 @@ def _distinct_pieces(lengths) -> int:
 @pytest.mark.parametrize("kind", ["hybrid", "transformer"])
 def test_graphed_prefill_equals_eager_across_requests(kind):
     model = _tiny(kind)
+    state = _state(model)
     prefixes = [_prefix(length, seed) for seed, length in enumerate(LENGTHS)]
-    eager = [_prefill(model, p) for p in prefixes]
+    eager = [_prefill(model, p, state) for p in prefixes]
 
-    enable_cuda_graphs(model)
-    runner = model._backbone_prefill
-    assert isinstance(runner, CudaGraphPrefill)
-    graph = [_prefill(model, p) for p in prefixes]
-    assert runner.captures == _distinct_pieces(LENGTHS)
-    again = [_prefill(model, p) for p in reversed(prefixes)][::-1]  # other order, other positions per piece
-    assert runner.captures == _distinct_pieces(LENGTHS)  # later requests replay the same graphs
+    graphs = GraphCache("cuda")
+    graph = [_prefill(model, p, state, graphs) for p in prefixes]
+    assert graphs.captures == _distinct_pieces(LENGTHS)
+    replays = graphs.replays
+    again = [_prefill(model, p, state, graphs) for p in reversed(prefixes)][::-1]  # other order, other positions
+    assert graphs.captures == _distinct_pieces(LENGTHS)  # later requests replay the same graphs
+    assert graphs.replays - replays == sum(len(prefill_pieces(n + 1)) for n in LENGTHS)
     for e, g, a in zip(eager, graph, again):
         _assert_close(g, e, 1e-5)
         _assert_close(a, e, 1e-5)
 
-    disable_cuda_graphs(model)
-    assert "_backbone_prefill" not in model.__dict__
-
 
 def test_prepare_captures_every_piece_ahead():
     model = _tiny("hybrid")
-    enable_cuda_graphs(model)
-    runner = model._backbone_prefill
-    runner.prepare(batch_size=2, lengths=[121])
-    assert runner.captures == 2  # 112 + 9
+    state = _state(model)
+    graphs = GraphCache("cuda")
+    side = torch.cuda.Stream()
+    with torch.inference_mode(), torch.cuda.stream(side):
+        graphs.prepare_prefill(model.backbone, state, sizes=prefill_pieces(121))
+    torch.cuda.synchronize()
+    assert graphs.captures == 2  # 112 + 9
     prefix = _prefix(120, 9)
-    graph = _prefill(model, prefix)
-    assert runner.captures == 2
-    disable_cuda_graphs(model)
-    _assert_close(graph, _prefill(model, prefix), 1e-5)
+    graph = _prefill(model, prefix, state, graphs)
+    assert graphs.captures == 2
+    _assert_close(graph, _prefill(model, prefix, state), 1e-5)
 
 
-def test_graphed_prefill_with_triton_ops_equals_eager_reference():
-    from zonos_accel.triton import OPS, disable_triton_ops, enable_triton_ops
+def test_graphed_prefill_with_triton_ops_equals_eager_reference_and_is_keyed_by_the_backend():
+    """One graph cache for two backends: the Triton backend's pieces are captured anew (not replayed from the
+    reference's), and switching back replays the reference's."""
+    from zonos_accel.triton import OPS, triton_backend
 
     model = _tiny("hybrid")
+    state = _state(model)
     prefixes = [_prefix(length, seed) for seed, length in enumerate(LENGTHS)]
-    eager = [_prefill(model, p) for p in prefixes]  # the torch references
+    eager = [_prefill(model, p, state) for p in prefixes]  # the torch references
+    graphs = GraphCache("cuda")
+    graphed_reference = [_prefill(model, p, state, graphs) for p in prefixes]
+    pieces = _distinct_pieces(LENGTHS)
+    assert graphs.captures == pieces
     # ssd_scan is left out: mamba_ssm's chunked kernels need larger chunks than the tiny model's 8.
-    enable_triton_ops(tuple(op for op in OPS if op != "ssd_scan"))
+    model.set_backend(triton_backend(REFERENCE, tuple(op for op in OPS if op != "ssd_scan")))
     try:
-        enable_cuda_graphs(model)
-        fast = [_prefill(model, p) for p in prefixes]
+        fast = [_prefill(model, p, state, graphs) for p in prefixes]
+        assert graphs.captures == 2 * pieces
     finally:
-        disable_triton_ops()
-    for e, f in zip(eager, fast):
+        model.set_backend(REFERENCE)
+    back = [_prefill(model, p, state, graphs) for p in prefixes]
+    assert graphs.captures == 2 * pieces
+    for e, r, f, b in zip(eager, graphed_reference, fast, back):
+        _assert_close(r, e, 1e-5)
         _assert_close(f, e, 1e-4)
+        _assert_close(b, e, 1e-5)
 
 
-def _real_size_bf16() -> Zonos:
+def real_size_bf16(max_seqlen: int = 4096) -> Zonos:
     """Zonos-v0.1-hybrid with small random weights (the scheme of benchmarks/common.py), bf16 on CUDA."""
     torch.manual_seed(0)
     with torch.device("cuda"):
-        model = Zonos(ZonosConfig.from_dict(real_config("hybrid")), max_seqlen=4096)
+        model = Zonos(ZonosConfig.from_dict(real_config("hybrid")), max_seqlen=max_seqlen)
     with torch.no_grad():
         for name, p in model.state_dict().items():
             if name.endswith(("A_log", "dt_bias", "mixer.D")):
@@ -149,29 +172,27 @@ def test_real_size_bf16_triton_graphed_prefill_within_bf16_noise():
     sit as close to an fp32 torch-reference prefill as the eager one-shot bf16 prefill does (the pieces add
     only the bf16 rounding of the SSM state at piece boundaries), and a second round of requests captures
     nothing."""
-    from zonos_accel.triton import disable_triton_ops, enable_triton_ops
+    from zonos_accel.triton import triton_backend
 
-    model = _real_size_bf16()
+    model = real_size_bf16()
     reference = copy.deepcopy(model).float()
+    reference.set_backend(REFERENCE)
     lengths = (120, 300)  # pieces 112 + 9, and 256 + 32 + 13
     prefixes = [_prefix(length, seed, d=2048, dtype=torch.bfloat16) for seed, length in enumerate(lengths)]
-    disable_triton_ops()
-    ref = [_prefill(reference, p) for p in prefixes]
-    del reference
-    enable_triton_ops()
-    try:
-        eager = [_prefill(model, p) for p in prefixes]
-        enable_cuda_graphs(model)
-        runner = model._backbone_prefill
-        graph = [_prefill(model, p) for p in prefixes]
-        captures = runner.captures
-        assert captures == _distinct_pieces(lengths)
-        again = [_prefill(model, p) for p in prefixes]
-        assert runner.captures == captures
-    finally:
-        disable_triton_ops()
+    ref_state = _state(reference)
+    ref = [_prefill(reference, p, ref_state) for p in prefixes]
+    del reference, ref_state
+    model.set_backend(triton_backend())
+    state = _state(model)
+    eager = [_prefill(model, p, state) for p in prefixes]
+    graphs = GraphCache("cuda")
+    graph = [_prefill(model, p, state, graphs) for p in prefixes]
+    captures = graphs.captures
+    assert captures == _distinct_pieces(lengths)
+    again = [_prefill(model, p, state, graphs) for p in prefixes]
+    assert graphs.captures == captures
     for r, e, g, a in zip(ref, eager, graph, again):
-        assert g["seqlen"] == e["seqlen"] and g["position"] == e["position"] == e["seqlen"]
+        assert g["seqlen"] == e["seqlen"] and g["position"] == e["position"] == [e["seqlen"]] * 2
         for key in ("hidden", "logits"):
             finite = torch.isfinite(r[key])
             assert torch.equal(finite, torch.isfinite(g[key])) and torch.equal(finite, torch.isfinite(e[key]))

@@ -10,6 +10,7 @@ from tests.test_codec_streaming import random_codes
 from tests.test_gpu_vocoder import close_to_one_shot, exact, stream  # noqa: F401 (exact: a fixture)
 from tests.tiny import random_dac_weights
 from zonos.codec import DACAutoencoder, DACConfig, StreamingDACDecoder
+from zonos.ops.backend import REFERENCE, use_backend
 from zonos.ops.snake import snake as reference
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
@@ -59,12 +60,15 @@ def codec() -> DACAutoencoder:
 
 
 @pytest.fixture
-def triton_snake():
-    from zonos_accel.triton import disable_triton_ops, enable_triton_ops
+def triton_snake(codec):
+    """The codec's Snake on our Triton kernel (the other ops on the references) for the test, then the
+    references again."""
+    from zonos_accel.triton import triton_backend
 
-    enable_triton_ops(("snake",))
-    yield
-    disable_triton_ops()
+    backend = triton_backend(REFERENCE, ("snake",))
+    use_backend(codec.dac, backend)
+    yield backend
+    use_backend(codec.dac, REFERENCE)
 
 
 @pytest.mark.usefixtures("exact")
@@ -72,8 +76,6 @@ def triton_snake():
 def test_streaming_decoder_with_triton_snake(codec, triton_snake, fp16):
     """Replays equal the eager pushes, the stream matches the one-shot decode as in tests/test_gpu_vocoder.py,
     and both equal the decoder on torch's Snake bit for bit."""
-    from zonos_accel.triton import disable_triton_ops, enable_triton_ops
-
     schedule = [11, 2, 2, 8, 8, 1, 3]
     graphed = StreamingDACDecoder(codec, fp16_autocast=fp16)
     eager = StreamingDACDecoder(codec, fp16_autocast=fp16, cuda_graphs=False)
@@ -84,8 +86,8 @@ def test_streaming_decoder_with_triton_snake(codec, triton_snake, fp16):
         assert torch.equal(out, stream(eager, codes, schedule))
         close_to_one_shot(codec, codes, out, fp16)
     assert graphed.graph_replays - replays == len(schedule) + 1  # the last stream: all replays
-    disable_triton_ops()
+    use_backend(codec.dac, REFERENCE)
     try:
         assert torch.equal(out, stream(StreamingDACDecoder(codec, fp16_autocast=fp16), codes, schedule))
     finally:
-        enable_triton_ops(("snake",))
+        use_backend(codec.dac, triton_snake)

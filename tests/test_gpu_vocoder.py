@@ -12,6 +12,7 @@ from tests.test_codec_streaming import TINY, random_codes, snr_db
 from tests.tiny import random_dac_weights
 from zonos.codec import DACAutoencoder, DACConfig, StreamingDACDecoder
 from zonos.codec.autoencoder import decode_precision
+from zonos.ops.backend import REFERENCE, Backend, use_backend
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
@@ -202,18 +203,14 @@ def test_push_latent_graphs(codec, exact):
 
 
 @pytest.fixture(params=["torch", "triton"])
-def conv_ops(request):
-    """The decoder's convs on cuDNN, or on our Triton kernels (which pack the weights and cache the copies)."""
+def conv_ops(request) -> Backend:
+    """The backend for the decoder's convs: cuDNN (the references), or our Triton kernels (which pack the weights
+    and cache the copies)."""
     if request.param == "torch":
-        yield
-        return
-    from zonos_accel.triton import disable_triton_ops, enable_triton_ops
+        return REFERENCE
+    from zonos_accel.triton import triton_backend
 
-    enable_triton_ops(("conv1d", "conv_transpose1d", "sequence_tail", "snake"))
-    try:
-        yield
-    finally:
-        disable_triton_ops()
+    return triton_backend(REFERENCE, ("conv1d", "conv_transpose1d", "sequence_tail", "snake"))
 
 
 @pytest.mark.parametrize("fp16", [False, True], ids=["fp32", "fp16"])
@@ -221,6 +218,7 @@ def test_weights_changed_in_place_or_moved(exact, fp16, conv_ops):
     """Weights changed in place between streams, or moved to new storage, drop the graphs, which are captured
     again: the next streams equal an eager decoder's on the new weights."""
     codec = DACAutoencoder(CONFIG, random_dac_weights(CONFIG, seed=1), device="cuda")
+    use_backend(codec.dac, conv_ops)
     schedule = [11] + [4] * 5
     eager = StreamingDACDecoder(codec, fp16_autocast=fp16, cuda_graphs=False)
     graphed = StreamingDACDecoder(codec, fp16_autocast=fp16)

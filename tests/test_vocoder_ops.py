@@ -723,13 +723,13 @@ def real_size_codec():
     if INTERPRET or not torch.cuda.is_available():
         pytest.skip("needs a CUDA device (and TRITON_INTERPRET unset)")
     from zonos.codec import DACAutoencoder, DACConfig
-    from zonos_accel.triton import disable_triton_ops, enable_triton_ops
+    from zonos.ops.backend import use_backend
+    from zonos_accel.triton import triton_backend
 
     torch.manual_seed(0)
     codec = DACAutoencoder(DACConfig(), device="cuda")  # real size, random weights
-    enable_triton_ops(("conv1d", "conv_transpose1d", "sequence_tail"))
-    yield codec
-    disable_triton_ops()
+    use_backend(codec.dac, triton_backend(names=("conv1d", "conv_transpose1d", "sequence_tail")))
+    return codec
 
 
 @pytest.mark.gpu

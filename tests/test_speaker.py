@@ -26,6 +26,7 @@ from zonos.speaker import (
     SpeakerCheckpointError,
     SpeakerEmbedding,
     SpeakerNetConfig,
+    check_speaker_clip,
     load_speaker_embedding,
 )
 
@@ -320,6 +321,8 @@ def test_a_small_wav_claiming_1_hz_is_refused_fast(tiny, tmp_path):
     with pytest.raises(ZonosInputError, match="sample rate 1 Hz is outside 8000..768000"):
         tiny.embed(*load_audio(path))
     assert time.perf_counter() - start < 0.1
+    with pytest.raises(ZonosInputError, match="sample rate 1 Hz"):  # the check a front end runs before loading
+        check_speaker_clip(*load_audio(path))
 
 
 @pytest.mark.parametrize("sr", [True, 7999, "16000", None, 1e9])

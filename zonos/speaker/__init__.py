@@ -18,6 +18,7 @@ from zonos.speaker.embedding import (
     NETWORK_FILE,
     SpeakerCheckpointError,
     SpeakerEmbedding,
+    check_speaker_clip,
     load_speaker_embedding,
     load_state_dict_strict,
 )
@@ -37,6 +38,7 @@ __all__ = [
     "ResNetSimAMASP",
     "LogMelFeatures",
     "mel_filterbank",
+    "check_speaker_clip",
     "load_speaker_embedding",
     "load_state_dict_strict",
 ]

@@ -31,6 +31,7 @@ __all__ = [
     "MIN_SECONDS",
     "SpeakerCheckpointError",
     "SpeakerEmbedding",
+    "check_speaker_clip",
     "load_speaker_embedding",
     "load_state_dict_strict",
 ]
@@ -91,8 +92,14 @@ def _torch_load(path: str | os.PathLike, mmap: bool) -> object:
         raise SpeakerCheckpointError(f"could not read {path} as a torch state dict: {e}") from e
 
 
-def _check_waveform(wav: Tensor | np.ndarray, sr: int) -> tuple[Tensor, int]:
-    """Validate one clip; return it as ``[channels, samples]`` (trimmed to :data:`MAX_SECONDS`) and ``sr``."""
+def check_speaker_clip(wav: Tensor | np.ndarray, sr: int) -> tuple[Tensor, int]:
+    """Validate one voice clip in microseconds, before any model is loaded or run; return it as
+    ``[channels, samples]`` (trimmed to its first :data:`MAX_SECONDS`) and ``sr`` as an int.
+
+    Raises :class:`~zonos.errors.ZonosInputError` for a sample rate outside 8000..768000 Hz (or a bool or string
+    rate), a wrong shape or dtype, NaN/inf samples, or a clip shorter than :data:`MIN_SECONDS`; rescales a clip
+    scaled like int16 PCM, with a warning.
+    """
     sr = check_sample_rate(sr)
     if isinstance(wav, (Tensor, np.ndarray)) and wav.ndim not in (1, 2):
         raise ZonosInputError(
@@ -254,7 +261,7 @@ class SpeakerEmbedding(nn.Module):
         Channels are averaged; resampling uses :func:`zonos.audio.resample` (torchaudio's default
         windowed-sinc), as upstream resamples with ``torchaudio.transforms.Resample``.
         """
-        wav, sr = _check_waveform(wav, sr)
+        wav, sr = check_speaker_clip(wav, sr)
         mono = wav.to(self.device, torch.float32).mean(dim=0, keepdim=True)
         rms = float(mono.double().square().mean().sqrt())
         if rms < SILENCE_RMS:

@@ -11,6 +11,7 @@ from zonos.codec.autoencoder import DACAutoencoder
 from zonos.codec.dac import DACConfig
 from zonos.codec.streaming import receptive_field
 from zonos.model import Zonos
+from zonos.streaming import ChunkAssembler
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
@@ -43,21 +44,27 @@ def test_gpu_stream_equals_one_shot(model, first, steady):
 
 
 def test_first_audio_is_not_held_for_a_step(model, monkeypatch):
-    """The first chunk with audio leaves as soon as its frames are final and decoded: the decode loop has not run
-    another step (later chunks wait one step, so the vocoder overlaps it)."""
+    """The first chunk with audio is vocoded at the step whose frames complete it and handed out from that step
+    (the engine waits for its audio instead of overlapping it with the next step, as it does for later chunks)."""
     prefix = torch.randn(2, 40, 64, device="cuda", dtype=torch.bfloat16)
-    offsets, loop = [], model._decode_loop
+    offsets, vocoded = [], []
+    real = ChunkAssembler.vocode
 
-    def recording_loop(*args, **kwargs):
-        for update in loop(*args, **kwargs):
-            offsets.append(update[1])
-            yield update
+    def vocode(self, final):
+        vocoded.append(len(offsets))
+        return real(self, final)
 
-    monkeypatch.setattr(model, "_decode_loop", recording_loop)
+    monkeypatch.setattr(ChunkAssembler, "vocode", vocode)
     first = 2
     need = receptive_field(model.autoencoder.dac.config).lookahead_frames + first
-    for chunk in model.generate(prefix, max_new_tokens=40, progress_bar=False, stream=True, first_chunk_frames=first):
+    stream = model.generate(
+        prefix, max_new_tokens=40, progress_bar=False, stream=True, first_chunk_frames=first,
+        callback=lambda frame, step, max_steps: offsets.append(step + 1) or True,
+    )
+    for chunk in stream:
         if chunk.audio.shape[-1]:
             break
-    complete = [max(o - 8, 0) for o in offsets]  # frames whose 9 codebooks are written after each step
+    stream.close()
+    steps = vocoded[0]  # decode steps run when the first chunk was vocoded
+    complete = [max(o - 8, 0) for o in offsets[:steps]]  # frames whose 9 codebooks are written after each step
     assert complete[-1] >= need > complete[-2], offsets

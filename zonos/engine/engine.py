@@ -62,7 +62,8 @@ class Request:
         callback: ``callback(frame, step, max_steps)`` after each decode step, on the engine's thread; a
             falsy return stops the request (upstream's rule: only a true value continues).
         logits_processor: ``fn(logits (b, 9, V) float, step (b,) int64) -> logits``, applied to this request's
-            rows before sampling: tensor work only (it is captured in CUDA graphs), e.g. to suppress EOS.
+            rows before sampling: tensor work only (it is captured in CUDA graphs), e.g. to suppress EOS. The step's
+            graph is keyed by the processors in use, so pass one function object, not a new closure per request.
         progress: a tqdm-like bar advanced once per decode step, or None.
         decoder: for a stream, a ``StreamingDACDecoder`` to decode with (e.g. one a previous request of the same
             utterance left mid-stream, see :mod:`zonos.longform`); None: one of the engine's.
@@ -175,6 +176,7 @@ class _Job:
         self.limit = 0
         self.max_steps = 0
         self.steps = 0
+        self.joined = 0  # the engine's step count when the job joined its slots
         self.assembler: ChunkAssembler | None = None
         self.decoder = None
         self.pending: deque[tuple[AudioChunk, object]] = deque()  # chunks whose audio is still on its way
@@ -262,9 +264,7 @@ class Engine:
                 )
             processor = 0
             if request.logits_processor is not None:
-                if request.logits_processor not in self._processors:
-                    self._processors.append(request.logits_processor)
-                processor = self._processors.index(request.logits_processor) + 1
+                processor = self._processor_index(request.logits_processor)
             self._queue.append(_Job(request, handle, processor))
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="zonos-engine", daemon=True)
@@ -272,6 +272,22 @@ class Engine:
                 atexit.register(self.shutdown)  # a worker killed inside a CUDA call at exit aborts the process
             self._cv.notify_all()
         return handle
+
+    def _processor_index(self, fn: Callable) -> int:
+        """``fn``'s index + 1 in the processors the step applies (the step's graph key holds them): a processor no
+        queued or running request uses any more gives its place up."""
+        in_use = {job.processor for job in [*self._queue, *self._running]}
+        for i, p in enumerate(self._processors):
+            if p is not None and i + 1 not in in_use and p is not fn:
+                self._processors[i] = None
+        if fn in self._processors:
+            return self._processors.index(fn) + 1
+        if None in self._processors:
+            i = self._processors.index(None)
+            self._processors[i] = fn
+            return i + 1
+        self._processors.append(fn)
+        return len(self._processors)
 
     def shutdown(self, wait: bool = True) -> None:
         """Cancel every request and stop the worker; later submits raise :class:`EngineClosedError`."""
@@ -407,6 +423,7 @@ class Engine:
         except Exception as err:  # noqa: BLE001 - the request's error goes to its caller; the engine goes on
             self._fail(job, err)
             return
+        job.joined = self.steps
         self._running.append(job)
         self._prefill_estimate = 0.5 * self._prefill_estimate + 0.5 * (time.perf_counter() - started)
 
@@ -496,10 +513,12 @@ class Engine:
                 job.steps += 1
         for job in list(self._running):
             self._after_step(job)
-        ended = self._watch.poll(self.steps, slots.active)
-        if ended is not None:
+        seen = self._watch.poll(self.steps, slots.active)
+        if seen is not None:
+            as_of, ended = seen
             for job in list(self._running):
-                if all(ended[s] for s in job.slots):
+                # Flags copied before the job joined describe the slot's previous request.
+                if job.joined < as_of and all(ended[s] for s in job.slots):
                     self._end(job, deliver=True)
 
     def _after_step(self, job: _Job) -> None:
@@ -641,14 +660,14 @@ class _ActiveWatch:
         self.event = torch.cuda.Event() if self.cuda else None
         self.submitted: int | None = None
 
-    def poll(self, step: int, active: torch.Tensor) -> list[bool] | None:
-        """Per slot whether it has ended (as of a recent step), or None when nothing new was read."""
+    def poll(self, step: int, active: torch.Tensor) -> tuple[int, list[bool]] | None:
+        """``(as_of, ended)``: per slot whether it had ended after step ``as_of``; None when nothing new was read."""
         if not self.cuda:
-            return (~active).tolist()
+            return step, (~active).tolist()
         ended = None
         if self.submitted is not None and step - self.submitted >= SYNC_EVERY:
             self.event.synchronize()
-            ended = (~self.flags).tolist()
+            ended = self.submitted, (~self.flags).tolist()
             self.submitted = None
         if self.submitted is None and step % SYNC_EVERY == 0:
             self.flags.copy_(active, non_blocking=True)

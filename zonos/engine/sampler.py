@@ -54,12 +54,17 @@ def noise_keys(seeds: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
     return _mix32(_mix32(_mix32(lo) ^ hi) ^ (steps & _M32))
 
 
+_INDEX_HASHES: dict[tuple, torch.Tensor] = {}  # element index -> its hash, per (size, device): a constant table
+
+
 def exponential_noise(keys: torch.Tensor, shape: tuple[int, int], dtype: torch.dtype) -> torch.Tensor:
     """Exp(1) draws (rows, *shape) for the exponential race, element ``e`` of row ``r`` a function of ``keys[r]``
     and ``e`` only. Uniforms have 24 bits, strictly inside (0, 1)."""
     n = shape[0] * shape[1]
-    index = torch.arange(n, device=keys.device, dtype=torch.int64)
-    h = _mix32(_mix32(index) ^ keys[:, None])
+    index = _INDEX_HASHES.get((n, keys.device))
+    if index is None:
+        index = _INDEX_HASHES[(n, keys.device)] = _mix32(torch.arange(n, device=keys.device, dtype=torch.int64))
+    h = _mix32(index ^ keys[:, None])
     uniform = ((h >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))
     return (-torch.log(uniform)).to(dtype).view(-1, *shape)
 

@@ -127,7 +127,8 @@ class Slots:
         logits = model.guided_logits(out, self.cfg[:n])
         steps = self.steps[:n]
         for i, processor in enumerate(processors, start=1):
-            logits = torch.where((self.processor[:n] == i)[:, None, None], processor(logits, steps), logits)
+            if processor is not None:  # (a clone: a processor may edit in place; other rows keep their logits)
+                logits = torch.where((self.processor[:n] == i)[:, None, None], processor(logits.clone(), steps), logits)
         tokens = sample_rows(logits, self.params.head(n), recent, valid, noise_keys(self.seeds[:n], steps), use)
 
         # EOS bookkeeping: after EOS in codebook 0, each later step writes EOS one codebook further (MASK before

@@ -46,6 +46,7 @@ def main() -> None:
     ap.add_argument("--frames", type=int, default=200, help="frames of the longer one-shot run")
     ap.add_argument("--reps", type=int, default=5, help="repetitions of each measurement (median)")
     ap.add_argument("--label", default="", help="a name for this version in the table")
+    ap.add_argument("--profile", action="store_true", help="also print torch.profiler's table of a 1-frame request")
     args = ap.parse_args()
 
     model = random_model("hybrid")
@@ -93,6 +94,10 @@ def main() -> None:
         next(iter(stream))
         ttfa.append(time.perf_counter() - t0)
         stream.close()
+    if args.profile:
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            one_shot(1)
+        print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=30))
     name = args.label or "this tree"
     print(
         f"\n| version | gemv | wall ms/frame | GPU ms/frame (kernels/step) | prefill 120 tok ms | TTFA p50 ms | TTFA p90 ms |\n"

@@ -21,6 +21,7 @@ import argparse
 import random
 import threading
 import time
+import traceback
 
 import torch
 
@@ -51,7 +52,7 @@ def step_bytes(model, rows: int, kv_len: int) -> int:
 
 
 def run(model, slots: int, frames: int, prefix_tokens: int, ramp: float, processor, seed: int, vocoder_streams: int) -> dict:
-    model.start_engine(slots=slots, max_seqlen=prefix_tokens + frames + 16, vocoder_streams=vocoder_streams)
+    model.start_engine(slots=slots, max_seqlen=prefix_tokens + frames + 16, queue_size=2 * slots, vocoder_streams=vocoder_streams)
     engine = model.engine
     d = model.config.backbone.d_model
     g = torch.Generator("cuda").manual_seed(seed)
@@ -143,6 +144,7 @@ def main() -> None:
             try:
                 rows.append(run(model, s, args.frames, args.prefix_tokens, args.ramp, processor, args.seed, v))
             except Exception as err:  # noqa: BLE001 - report and go on to the next size
+                traceback.print_exception(err)
                 print(f"slots={s}: {type(err).__name__}: {err}")
             print(table(rows, "engine: streams per GPU") if rows else "", flush=True)
 

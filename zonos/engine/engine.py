@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import torch
 
 from zonos.codebook_pattern import N_CODEBOOKS, UNKNOWN, apply_delay_pattern
-from zonos.engine.sampler import features, noise_keys, row_params_for, sample_rows
+from zonos.engine.sampler import features, noise_keys, row_params_for, sample_rows, to_device
 from zonos.engine.slots import MAX_WINDOW, Slots
 from zonos.errors import EngineClosedError, EngineFullError, ZonosInputError
 from zonos.sampling import SamplingParams
@@ -444,7 +444,7 @@ class Engine:
         delayed = apply_delay_pattern(codes, model.masked_token_id)
         offset = audio_len + 1
         job.offset, job.limit, job.max_steps = offset, columns - 1, columns - offset
-        job.index = torch.tensor(job.slots, device=device)
+        job.index = to_device(job.slots, torch.int64, device)
         rows_per_item = prefix.shape[0] == (b if r.cfg_scale == 1.0 else 2 * b) and b > 1
         for i, slot in enumerate(job.slots):
             if i == 0 or rows_per_item or audio is not None and audio.shape[0] > 1:
@@ -454,7 +454,7 @@ class Engine:
                 last = self._backbone_prefill(hidden)[:, -1]
                 cfg = torch.full((1,), float(r.cfg_scale), device=device)
                 logits = model.guided_logits(last, cfg)
-            seed, step = torch.tensor([r.seeds[i]], device=device), torch.zeros(1, dtype=torch.long, device=device)
+            seed, step = to_device([r.seeds[i]], torch.int64, device), torch.zeros(1, dtype=torch.long, device=device)
             if r.logits_processor is not None:
                 logits = r.logits_processor(logits, step)
             none = torch.zeros(1, MAX_WINDOW, dtype=torch.bool, device=device)

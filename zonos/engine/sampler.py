@@ -100,17 +100,31 @@ class RowParams:
             window=torch.ones(rows, **i),
         )
 
+    _FLOATS = ("temperature", "top_p", "min_p", "linear", "conf", "quad", "penalty")
+    _INTS = ("top_k", "window")
+
     def set_row(self, row: int, p: SamplingParams) -> None:
-        """Write request parameters ``p`` into row ``row``."""
-        values = (p.temperature, p.top_p, p.top_k, p.min_p, p.linear, p.conf, p.quad, p.repetition_penalty)
-        names = ("temperature", "top_p", "top_k", "min_p", "linear", "conf", "quad", "penalty")
-        for name, value in zip(names, values):
-            getattr(self, name)[row] = value
-        self.window[row] = p.repetition_penalty_window
+        """Write request parameters ``p`` into row ``row`` (device-side copies from one host transfer: writing
+        device tensors element by element from Python would make the host wait for the GPU at every element)."""
+        floats = to_device([p.temperature, p.top_p, p.min_p, p.linear, p.conf, p.quad, p.repetition_penalty],
+                           torch.float32, self.temperature.device)  # fmt: skip
+        ints = to_device([p.top_k, p.repetition_penalty_window], torch.int64, self.temperature.device)
+        for name, value in zip(self._FLOATS, floats):
+            getattr(self, name)[row : row + 1].copy_(value)
+        for name, value in zip(self._INTS, ints):
+            getattr(self, name)[row : row + 1].copy_(value)
 
     def head(self, n: int) -> RowParams:
         """The first ``n`` rows (views)."""
         return RowParams(**{k: v[:n] for k, v in self.__dict__.items()})
+
+
+def to_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """``values`` as a tensor on ``device``, sent without making the host wait (pinned memory, non-blocking)."""
+    host = torch.tensor(values, dtype=dtype)
+    if torch.device(device).type != "cuda":
+        return host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)
 
 
 def _renormalize(probs: torch.Tensor) -> torch.Tensor:

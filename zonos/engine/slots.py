@@ -18,7 +18,7 @@ from zonos.backbone import InferenceState
 from zonos.backbone.attention import KVCache
 from zonos.backbone.mamba2 import Mamba2Cache
 from zonos.codebook_pattern import N_CODEBOOKS, UNKNOWN
-from zonos.engine.sampler import RowParams, noise_keys, sample_rows
+from zonos.engine.sampler import RowParams, noise_keys, sample_rows, to_device
 from zonos.sampling import SamplingParams
 
 MAX_WINDOW = 64  # longest repetition-penalty window a slot holds (upstream's default is 2)
@@ -92,21 +92,19 @@ class Slots:
         copy_rows(self.state, 2 * slot, staging, length)
         self.delayed[slot].fill_(UNKNOWN)
         self.delayed[slot, :, : delayed.shape[-1]].copy_(delayed)
-        self.offset[slot] = offset
-        self.limit[slot] = limit
-        self.remaining[slot] = limit + 1 - offset
-        self.stopping[slot] = False
-        self.cfg[slot] = cfg_scale
-        self.seeds[slot] = seed
-        self.steps[slot] = 1
-        self.processor[slot] = processor
+        # One host transfer, then device-side copies (element writes from Python would each wait for the GPU).
+        ints = to_device([offset, limit, limit + 1 - offset, seed, 1, processor], torch.int64, self.offset.device)
+        for buffer, value in zip((self.offset, self.limit, self.remaining, self.seeds, self.steps, self.processor), ints):
+            buffer[slot : slot + 1].copy_(value)
+        self.cfg[slot : slot + 1].fill_(cfg_scale)
+        self.stopping[slot : slot + 1].fill_(False)
+        self.active[slot : slot + 1].fill_(True)
         self.params.set_row(slot, params)
-        self.active[slot] = True
 
     def release(self, slot: int) -> None:
         """Deactivate ``slot`` (a finished, stopped or cancelled request): later steps leave it alone."""
-        self.remaining[slot] = 0
-        self.active[slot] = False
+        self.remaining[slot : slot + 1].fill_(0)
+        self.active[slot : slot + 1].fill_(False)
 
     def step(self, n: int, use: tuple[bool, ...], processors: tuple) -> None:
         """One decode step of the first ``n`` slots (tensor work only; see the module docstring). ``use`` is

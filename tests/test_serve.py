@@ -66,7 +66,7 @@ def server(model, tmp_path_factory):
         max_upload_bytes=200_000, max_body_bytes=16_000,
     )
     srv = Server(create_app(lambda: model, settings))
-    srv.voices = voices
+    srv.voices, srv.settings = voices, settings
     yield srv
     srv.stop()
 
@@ -237,6 +237,40 @@ def test_openai_package_streaming_call(server, model):
     np.testing.assert_array_equal(got, pcm16(want))
 
 
+def test_long_text_streams_whole(server, model):
+    """Text over the segment budget is split at sentences and streams as one response: through zonos.longform when
+    it exists (one utterance), else segment after segment, each drawing its seed from the request's generator."""
+    import zonos.serve.app as serve_app
+
+    text = "The first sentence is here. A second one follows it."
+    segments = ["The first sentence is here.", "A second one follows it."]
+    server.settings.segment_chars = 30
+    try:
+        with client(server) as c:
+            r = c.post("/v1/zonos/speech", json=native(text=text, seed=8))
+    finally:
+        server.settings.segment_chars = 200
+    assert r.status_code == 200, r.text
+    generator = torch.Generator().manual_seed(8)
+    speak = serve_app._longform()
+    if speak is not None:
+        chunks = speak(model, segments, cond={}, stream=True, max_new_tokens=FRAMES, generator=generator,
+                       progress_bar=False, **SCHEDULE)
+        want = torch.cat([ch.audio for ch in chunks], -1)[0, 0].numpy()
+    else:
+        parts = []
+        for segment in segments:
+            with torch.inference_mode():
+                prefix = model.prepare_conditioning(make_cond_dict(text=segment))
+            chunks = model.generate(prefix, max_new_tokens=FRAMES, generator=generator, stream=True,
+                                    progress_bar=False, **SCHEDULE)
+            parts.append(torch.cat([ch.audio for ch in chunks], -1)[0, 0].numpy())
+        want = np.concatenate(parts)
+    got = np.frombuffer(r.content, "<i2")
+    assert len(got) > len(pcm16(expected(model, text=segments[0], seed=8)))  # more than the first segment
+    np.testing.assert_array_equal(got, pcm16(want))
+
+
 # ---------------------------------------------------------------------------------- concurrency
 
 
@@ -341,12 +375,14 @@ def test_clear_4xx_answers(server):
         _error(c.post(speech, json=dict(model="tts-1", input=TEXT, voice="nobody-here")), 400, "unknown_voice")
         _error(c.post(speech, json=dict(model="tts-1", input=TEXT, response_format="aiff")), 400, "bad_response_format")
         _error(c.post(speech, json=dict(model="tts-1", input=TEXT, speed=9)), 400, "invalid_value")
-        _error(c.post(speech, content=b'{"input": "hi",', headers={"content-type": "application/json"}), 400, "bad_json")
+        malformed = c.post(speech, content=b'{"input": "hi",', headers={"content-type": "application/json"})
+        _error(malformed, 400, "bad_json")
         _error(c.post("/v1/zonos/speech", json=dict(input=TEXT, sampling={"min_p": 2.0})), 400)
         _error(c.post("/v1/zonos/speech", json=dict(input=TEXT, pitch_sdt=3)), 400, "invalid_value")  # misspelt
         big = {"name": "huge"}, {"file": ("big.wav", b"\0" * 300_000)}
         _error(c.post("/v1/audio/voices", data=big[0], files=big[1]), 413, "too_large")
-        _error(c.post("/v1/audio/voices", data={"name": "x"}, files={"file": ("a.wav", b"not audio")}), 400, "bad_audio")
+        not_audio = c.post("/v1/audio/voices", data={"name": "x"}, files={"file": ("a.wav", b"not audio")})
+        _error(not_audio, 400, "bad_audio")
         _error(c.post(speech, json=dict(input="a" * 20_000)), 413, "too_large")
     for key in (None, "wrong-key"):
         with client(server, key=key) as c:
@@ -359,7 +395,8 @@ def test_full_queue_is_503_with_retry_after(model):
     model.start_engine(slots=1, queue_size=1)
     srv = Server(create_app(lambda: model, settings))
     try:
-        with client(srv, key=None) as c, c.stream("POST", "/v1/zonos/speech", json=native(seed=1, max_new_tokens=250)) as r:
+        long = native(seed=1, max_new_tokens=250)
+        with client(srv, key=None) as c, c.stream("POST", "/v1/zonos/speech", json=long) as r:
             assert r.status_code == 200
             pieces = r.iter_raw()  # kept: a dropped iterator closes the stream
             next(pieces)  # the one slot is taken
@@ -385,3 +422,44 @@ def test_rate_limit_per_key(model):
             assert int(r.headers["retry-after"]) >= 1
     finally:
         srv.stop()
+
+
+# ------------------------------------------------------------------------------------------ Ray Serve
+
+
+def test_ray_serve_two_replicas_stream(model, tmp_path):
+    """A local Ray with two CPU replicas of the tiny model: streamed requests spread over both, each exact."""
+    ray = pytest.importorskip("ray")
+    serve = pytest.importorskip("ray.serve")
+    from tiny import save_tiny_checkpoint, tiny_codec
+
+    from zonos.serve.ray_app import ModelLoader, deployment
+
+    (tmp_path / "model").mkdir()
+    save_tiny_checkpoint(tmp_path / "model", "hybrid")
+    tiny_codec().save_pretrained(tmp_path / "codec")
+    loader = ModelLoader(str(tmp_path / "model"), str(tmp_path / "codec"), device="cpu", max_seqlen=256)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ray.init(num_cpus=2, include_dashboard=False)
+    try:
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        settings = ServerSettings(rate_limit=None, slots=2, queue_size=8, max_new_tokens=FRAMES)
+        serve.run(deployment(loader, settings, num_replicas=2, gpus_per_replica=0), route_prefix="/")
+        jobs = [(f"Replica test {i}.", 20 + i) for i in range(6)]
+
+        def fetch(job):
+            with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=300) as c:
+                r = c.post("/v1/zonos/speech", json=native(text=job[0], seed=job[1]))
+                assert r.status_code == 200, r.text
+                return np.frombuffer(r.content, "<i2"), r.headers["x-zonos-instance"]
+
+        with ThreadPoolExecutor(6) as pool:
+            got = list(pool.map(fetch, jobs))
+        assert len({instance for _, instance in got}) == 2
+        for (audio, _), (text, seed) in zip(got, jobs):
+            np.testing.assert_array_equal(audio, pcm16(expected(model, text=text, seed=seed)))
+    finally:
+        serve.shutdown()
+        ray.shutdown()

@@ -93,6 +93,12 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
         "nvidia-cutlass-dsl from pip install 'zonos-accel[gpu]')",
     )
     p.add_argument(
+        "--cute-scan",
+        action="store_true",
+        help="run the prefill's Mamba2 SSD scan (prompts up to 256 tokens) through our CuTeDSL kernel (CUDA only; "
+        "needs nvidia-cutlass-dsl from pip install 'zonos-accel[gpu]')",
+    )
+    p.add_argument(
         "--no-cuda-graphs",
         action="store_true",
         help="run the decode step and prefill eagerly instead of replaying captured CUDA graphs (default on CUDA)",
@@ -281,6 +287,7 @@ _COMMANDS = {
     "voice": "turn a voice clip into a speaker-embedding file",
     "bench": "measure time to first audio, real-time factor and step time here",
     "demo": "serve the streaming web demo (arguments go to gradio_interface; see `zonos-tts demo --help`)",
+    "serve": "serve OpenAI-compatible streaming speech over HTTP (needs the server extra)",
 }
 
 
@@ -399,13 +406,14 @@ def _check_device(spec: str | None, args: argparse.Namespace | None = None):
             )
         if device.index is not None and device.index >= torch.cuda.device_count():
             raise UsageError(f"--device {spec}: this machine has {torch.cuda.device_count()} CUDA device(s)")
-    if args is not None and args.cute_gemv:
+    for flag in ("cute_gemv", "cute_scan"):
+        if args is None or not getattr(args, flag, False):
+            continue
+        option = "--" + flag.replace("_", "-")
         if device.type != "cuda":
-            raise UsageError(f"--cute-gemv runs CUDA kernels and the model would be on {device}: drop it, or use a GPU")
+            raise UsageError(f"{option} runs CUDA kernels and the model would be on {device}: drop it, or use a GPU")
         if importlib.util.find_spec("cutlass") is None:
-            raise UsageError(
-                "--cute-gemv needs nvidia-cutlass-dsl: pip install 'zonos-accel[gpu]', or drop --cute-gemv"
-            )
+            raise UsageError(f"{option} needs nvidia-cutlass-dsl: pip install 'zonos-accel[gpu]', or drop {option}")
     return device
 
 
@@ -663,6 +671,7 @@ def load_model(args: argparse.Namespace, device):
         fast_ops=False if args.no_fast_ops else None,
         cuda_graphs=False if args.no_cuda_graphs else None,
         use_cute_gemv=args.cute_gemv,
+        use_cute_scan=getattr(args, "cute_scan", False),
     )
     _log(f"loaded {args.model} on {device} in {time.perf_counter() - t0:.1f} s")
     return model
@@ -1023,13 +1032,20 @@ def demo_main(argv: Sequence[str] | None = None) -> int:
     return demo.main(list(argv or []))
 
 
+def _serve_main(argv: Sequence[str] | None = None, prog: str = "zonos-tts serve") -> int:
+    """``zonos-tts serve``: the speech server (:mod:`zonos.serve.command`)."""
+    from zonos.serve.command import serve_main
+
+    return serve_main(argv, prog)
+
+
 # ------------------------------------------------------------------------------------------------ main
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """The ``zonos-tts`` console script; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    commands = {"speak": speak_main, "voice": voice_main, "bench": bench_main, "demo": demo_main}
+    commands = {"speak": speak_main, "voice": voice_main, "bench": bench_main, "demo": demo_main, "serve": _serve_main}
     if argv and argv[0] in commands:
         return commands[argv[0]](argv[1:]) if argv[0] == "demo" else commands[argv[0]](argv[1:], f"zonos-tts {argv[0]}")
     _top_parser().parse_args(argv)  # prints help, the version, or an error for an unknown command

@@ -41,7 +41,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import numpy as np
 import torch
@@ -78,9 +78,12 @@ class ServerSettings:
         rate_limit: requests per minute per API key (or per client address without a key); None: no limit.
         slots, queue_size, max_seqlen: the engine's (``model.start_engine``); slots None keeps the model's engine.
         max_new_tokens: most frames one text segment may take (also capped by the engine's ``max_seqlen``).
-        segment_chars: long text is split into segments of at most this many characters.
+        segment_chars: long text is split into segments of at most this many characters (~14 s of English each,
+            so that ``zonos.longform``'s segments, which carry the previous one, fit 4096 positions).
         retry_after_s: the ``Retry-After`` of a 503.
         warmup: on CUDA, compile kernels and capture graphs before taking requests.
+        logits_processor: given to every request (``Zonos.generate``'s argument), e.g. a load test's EOS
+            suppression so that every request runs ``max_new_tokens`` frames.
     """
 
     api_key: str | None = None
@@ -94,9 +97,10 @@ class ServerSettings:
     queue_size: int = 64
     max_seqlen: int | None = None
     max_new_tokens: int = 86 * 30
-    segment_chars: int = 300
+    segment_chars: int = 200
     retry_after_s: int = 1
     warmup: bool = True
+    logits_processor: Callable | None = None
 
 
 class ApiError(HTTPException):
@@ -247,7 +251,7 @@ class _Metrics:
                 "# HELP zonos_engine_steps_total Decode steps run.",
                 "# TYPE zonos_engine_steps_total counter",
                 f"zonos_engine_steps_total {engine.steps}",
-                "# HELP zonos_engine_step_seconds_total Host seconds spent in decode steps (rate / steps rate: step time).",
+                "# HELP zonos_engine_step_seconds_total Host seconds in decode steps (over steps_total: step time).",
                 "# TYPE zonos_engine_step_seconds_total counter",
                 f"zonos_engine_step_seconds_total {engine.step_seconds}",
             ]
@@ -317,8 +321,8 @@ class _Service:
     def __init__(self, model, settings: ServerSettings):
         self.model = model
         self.settings = settings
-        # Conditioning (eSpeak through phonemizer, which is not thread-safe), speaker embeddings and codec encodes
-        # run one at a time; the engine's decode runs on its own thread beside them.
+        # Conditioning, speaker embeddings and codec encodes of the requests run one at a time (each is short, and
+        # at once they would share the CPU's threads); the engine's decode runs on its own thread beside them.
         self.condition_lock = threading.Lock()
         self.voices: dict[str, torch.Tensor] = {}
         self.formats = available_formats()
@@ -348,7 +352,8 @@ class _Service:
             try:
                 return load_voice(path)
             except UsageError as e:
-                raise ApiError(500, f"voice {name!r}: its file is unreadable ({e}); store it again", "bad_voice_file")
+                message = f"voice {name!r}: its file is unreadable ({e}); store it again"
+                raise ApiError(500, message, "bad_voice_file") from None
         if name == DEFAULT_VOICE or name in OPENAI_VOICES:
             return None
         raise ApiError(
@@ -364,7 +369,7 @@ class _Service:
 
         if wav.shape[-1] < MIN_SECONDS * sr:
             raise ApiError(
-                400, f"{param}: {wav.shape[-1] / sr:.2f} s is too short; a voice needs at least {MIN_SECONDS} s of speech",
+                400, f"{param}: {wav.shape[-1] / sr:.2f} s is too short; a voice needs {MIN_SECONDS} s of speech",
                 "clip_too_short", param,
             )
         with self.condition_lock, torch.inference_mode():
@@ -406,7 +411,10 @@ class _Service:
         """Everything up to the first segment's submit (on a worker thread): speaker, segments, prefix audio."""
         from zonos.conditioning.segments import split_text
 
-        speaker = self.embed_clip(spec.speaker_audio, "speaker_audio") if spec.speaker_audio else self.speaker(spec.voice)
+        if spec.speaker_audio:
+            speaker = self.embed_clip(spec.speaker_audio, "speaker_audio")
+        else:
+            speaker = self.speaker(spec.voice)
         segments = split_text(spec.text, self.settings.segment_chars)
         codes = None
         if spec.prefix_audio:
@@ -435,8 +443,8 @@ class _Service:
         budget = min(spec.max_new_tokens or self.settings.max_new_tokens, room)
         if budget < 1:
             raise ZonosInputError(
-                f"a segment's prefix takes {prefix.shape[1]} of the model's {self.engine.max_seqlen} positions, leaving "
-                "no room for audio: shorten the prefix audio or the text"
+                f"a segment's prefix takes {prefix.shape[1]} of the model's {self.engine.max_seqlen} positions, "
+                "leaving no room for audio: shorten the prefix audio or the text"
             )
         return model.submit(
             prefix,
@@ -448,19 +456,18 @@ class _Service:
             generator=plan["generator"],
             first_chunk_frames=spec.first_chunk_frames or DEFAULT_FIRST_CHUNK_FRAMES,
             chunk_frames=spec.chunk_frames or DEFAULT_CHUNK_FRAMES,
+            logits_processor=self.settings.logits_processor,
         )
 
     def feed(self, job: _Job, spec: _Spec, plan: dict, handle) -> None:
-        """The feeder thread: the first segment's chunks, then each later segment's (conditioned and submitted in
-        turn), into ``job``'s queue as float32 arrays; an error, then the end marker."""
+        """The feeder thread: the first segment's chunks (``handle``), then each later segment's (conditioned and
+        submitted in turn), into ``job``'s queue as float32 arrays; an error, then the end marker. ``handle`` None:
+        the segments go to ``zonos.longform.speak_segments`` as one utterance."""
         try:
-            segments = plan["segments"]
-            speak = _longform() if len(segments) > 1 else None
-            if speak is not None:
-                handle.cancel()
-                self._feed_longform(job, spec, plan, speak)
+            if handle is None:  # long text, spoken by zonos.longform
+                self._feed_longform(job, spec, plan, _longform())
                 return
-            for i, text in enumerate(segments):
+            for i, text in enumerate(plan["segments"]):
                 if i:
                     handle = self._submit_waiting(job, spec, plan, text)
                     if handle is None:
@@ -475,14 +482,14 @@ class _Service:
             job.put(_END)
 
     def _feed_longform(self, job: _Job, spec: _Spec, plan: dict, speak) -> None:
-        gen = dict(max_new_tokens=spec.max_new_tokens or self.settings.max_new_tokens, cfg_scale=spec.cfg_scale,
-                   sampling_params=spec.sampling, generator=plan["generator"], progress_bar=False)
+        gen = dict(max_new_tokens=self.longform_budget(spec, plan["segments"]), cfg_scale=spec.cfg_scale,
+                   sampling_params=spec.sampling, generator=plan["generator"], progress_bar=False,
+                   logits_processor=self.settings.logits_processor)
         for key in ("first_chunk_frames", "chunk_frames"):
             if getattr(spec, key):
                 gen[key] = getattr(spec, key)
         cond = dict(spec.cond, speaker=plan["speaker"], device=self.model.device)
-        with self.condition_lock:
-            chunks = speak(self.model, plan["segments"], cond=cond, stream=True, **gen)
+        chunks = speak(self.model, plan["segments"], cond=cond, stream=True, **gen)
         try:
             for chunk in chunks:
                 if job.cancelled:
@@ -490,6 +497,20 @@ class _Service:
                 job.put(chunk.audio[0, 0].float().cpu().numpy())
         finally:
             chunks.close()
+
+    def longform_budget(self, spec: _Spec, segments: list[str]) -> int:
+        """Frames per segment for ``zonos.longform``: a segment's request holds the previous segment's frames and
+        both texts' prefix besides its own frames, so each gets at most half of what the prefix leaves. The prefix
+        is bounded by 2 tokens per character of the two texts plus 64 (the conditioning's fixed tokens): English
+        gives ~1.5 per character (TEXT in tests/test_serve.py: 28 characters, 43 tokens)."""
+        pairs = [len(a) + len(b) for a, b in zip(["", *segments[:-1]], segments)]
+        room = (self.engine.max_seqlen - 9 - (2 * max(pairs) + 64)) // 2
+        if room < 1:
+            raise ZonosInputError(
+                f"the engine's {self.engine.max_seqlen} positions leave no room for long-form segments of "
+                f"{self.settings.segment_chars} characters: lower segment_chars or raise max_seqlen"
+            )
+        return min(spec.max_new_tokens or self.settings.max_new_tokens, room)
 
     def _submit_waiting(self, job: _Job, spec: _Spec, plan: dict, text: str):
         """A later segment's submit; a full queue is waited out (the stream has begun), a cancel ends it."""
@@ -519,7 +540,8 @@ def _read_clip(data: bytes, param: str) -> tuple[torch.Tensor, int]:
         wav, sr = sf.read(io.BytesIO(data), dtype="float32", always_2d=True)
     except Exception as e:  # libsndfile raises several types for unreadable audio
         raise ApiError(
-            400, f"{param}: not a readable audio file ({type(e).__name__}); send wav, flac, ogg or mp3", "bad_audio", param
+            400, f"{param}: not a readable audio file ({type(e).__name__}); send wav, flac, ogg or mp3", "bad_audio",
+            param,
         ) from None
     if wav.shape[0] == 0:
         raise ApiError(400, f"{param}: the audio file has no samples", "bad_audio", param)
@@ -541,6 +563,7 @@ def create_app(load_model: Callable[[], Any], settings: ServerSettings | None = 
     a worker thread) when the app starts, then the engine is created from ``settings`` and, on CUDA, warmed up.
     ``/health`` answers 503 until then."""
     settings = settings or ServerSettings()
+    instance = secrets.token_hex(4)  # names this server (a replica) in responses' X-Zonos-Instance
     metrics = _Metrics()
     limiter = _RateLimiter(settings.rate_limit)
     state: dict[str, _Service | None] = {"service": None}
@@ -601,7 +624,8 @@ def create_app(load_model: Callable[[], Any], settings: ServerSettings | None = 
         first = err.errors()[0] if err.errors() else {}
         loc = [str(p) for p in first.get("loc", ()) if p != "body"]
         if first.get("type") == "json_invalid":
-            message, code = "the body is not valid JSON: send a JSON object (Content-Type: application/json)", "bad_json"
+            message = "the body is not valid JSON: send a JSON object (Content-Type: application/json)"
+            code = "bad_json"
         else:
             message = f"{'.'.join(loc) or 'body'}: {first.get('msg', 'invalid')}"
             code = "invalid_value"
@@ -632,7 +656,7 @@ def create_app(load_model: Callable[[], Any], settings: ServerSettings | None = 
                 "aliases": {"default": list(OPENAI_VOICES)}}
 
     @app.post("/v1/audio/voices")
-    async def add_voice(name: str = Form(...), file: UploadFile = File(...)):
+    async def add_voice(name: Annotated[str, Form()], file: Annotated[UploadFile, File()]):
         s = service()
         data = await file.read()
         result = await asyncio.to_thread(s.store_voice, name, data, file.filename)
@@ -677,13 +701,15 @@ def create_app(load_model: Callable[[], Any], settings: ServerSettings | None = 
         s = service()
         s.check(spec)
         plan = await asyncio.to_thread(s.prepare, spec)
-        handle = await asyncio.to_thread(s.submit_segment, spec, plan, plan["segments"][0], True)
+        longform = len(plan["segments"]) > 1 and _longform() is not None
+        handle = None if longform else await asyncio.to_thread(s.submit_segment, spec, plan, plan["segments"][0], True)
         job = _Job(asyncio.get_running_loop())
         job.handle = handle
         threading.Thread(target=s.feed, args=(job, spec, plan, handle), name="zonos-serve-feed", daemon=True).start()
         metrics.count(request.url.path, 200)
         rate = OPUS_RATE if spec.response_format == "opus" else SAMPLE_RATE
-        headers = {"X-Zonos-Seed": str(plan["seed"]), "X-Sample-Rate": str(rate), "Cache-Control": "no-store"}
+        headers = {"X-Zonos-Seed": str(plan["seed"]), "X-Sample-Rate": str(rate), "X-Zonos-Instance": instance,
+                   "Cache-Control": "no-store"}
         if spec.stream_format == "sse":
             return StreamingResponse(_sse(job, spec, arrived), media_type="text/event-stream", headers=headers)
         return StreamingResponse(_audio(job, spec, arrived), media_type=MEDIA_TYPES[spec.response_format],

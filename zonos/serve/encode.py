@@ -3,10 +3,10 @@
 ``pcm`` is headerless 16-bit little-endian mono; ``wav`` is the same after a RIFF header whose lengths say
 "unknown" (a stream); ``flac``, ``mp3`` and ``opus`` (Ogg Opus) come from libsndfile through ``soundfile``, written
 into an in-memory file whose new bytes are handed out after every chunk. libsndfile rewrites a few header fields
-when it closes a file (FLAC's total sample count, MP3's Info frame); in a stream those bytes have already gone out, so the
-stream keeps the "unknown length" values it began with, as streamed FLAC and constant-rate MP3 do. Opus encodes at 48 kHz only, so its
-samples are resampled from 44.1 kHz on the way in by :class:`StreamingResampler`, whose output equals the one-shot
-:func:`zonos.audio.resample`.
+when it closes a file (FLAC's total sample count, MP3's Info frame); in a stream those bytes have already gone
+out, so the stream keeps the "unknown length" values it began with, as streamed FLAC and constant-rate MP3 do.
+Opus encodes at 48 kHz only, so its samples are resampled from 44.1 kHz on the way in by
+:class:`StreamingResampler`, whose output equals the one-shot :func:`zonos.audio.resample`.
 """
 
 from __future__ import annotations

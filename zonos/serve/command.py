@@ -1,0 +1,89 @@
+"""``zonos-tts serve``: load a model and run the speech server (:mod:`zonos.serve.app`) under uvicorn.
+
+Binds 127.0.0.1 unless ``--host`` says otherwise; ``--api-key`` (or ``ZONOS_API_KEY``) makes every request but
+``/health`` carry ``Authorization: Bearer KEY``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+
+def _parser(prog: str) -> argparse.ArgumentParser:
+    from zonos import cli
+
+    p = cli._Parser(
+        prog=prog,
+        description="Serve OpenAI-compatible streaming speech (POST /v1/audio/speech) and the native Zonos API over "
+        "HTTP on the engine.",
+        formatter_class=cli._formatter(),
+    )
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0 exposes it to the network)")
+    p.add_argument("--port", type=int, default=8000, help="TCP port")
+    p.add_argument(
+        "--api-key",
+        default=os.environ.get("ZONOS_API_KEY"),
+        help="require 'Authorization: Bearer KEY' on every request but /health (default: $ZONOS_API_KEY; none)",
+    )
+    p.add_argument(
+        "--voices-dir",
+        default=str(Path("~/.local/share/zonos-tts/voices").expanduser()),
+        help="where POST /v1/audio/voices stores voice files, and named voices are read from",
+    )
+    p.add_argument("--slots", type=int, default=8, help="requests decoded together (engine slots)")
+    p.add_argument("--queue-size", type=int, default=64, help="requests that may wait for a slot before 503s")
+    p.add_argument("--max-seqlen", type=int, default=None, help="positions per slot (default: the model's, 4096)")
+    p.add_argument("--max-input-chars", type=int, default=4096, help="longest input text per request")
+    p.add_argument(
+        "--rate-limit", type=float, default=120.0, help="requests per minute per API key or client address (0: none)"
+    )
+    p.add_argument(
+        "--no-warmup", action="store_true", help="on CUDA: skip compiling kernels and capturing graphs first"
+    )
+    cli._add_model_args(p)
+    return p
+
+
+def serve_main(argv: Sequence[str] | None = None, prog: str = "zonos-tts serve") -> int:
+    """``zonos-tts serve``: returns the exit status (2 for a bad argument)."""
+    from zonos import cli
+
+    args = _parser(prog).parse_args(argv)
+    try:
+        for name in ("slots", "queue_size", "max_input_chars"):
+            if getattr(args, name) < (0 if name == "queue_size" else 1):
+                raise cli.UsageError(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+        if not 0 < args.port < 65536:
+            raise cli.UsageError(f"--port {args.port}: give a TCP port in 1..65535")
+        if args.rate_limit < 0:
+            raise cli.UsageError(f"--rate-limit must be 0 (none) or positive, got {args.rate_limit}")
+        cli._check_model_source(args.model, "--model", ("config.json", "model.safetensors"))
+        cli._check_model_source(args.codec, "--codec", ("config.json", "model.safetensors"))
+        device = cli._check_device(args.device, args)
+        try:
+            import uvicorn
+
+            from zonos.serve import ServerSettings, create_app
+        except ModuleNotFoundError as e:
+            raise cli.UsageError(f"the server needs {e.name}: pip install 'zonos-accel[server]'") from None
+    except cli.UsageError as e:
+        cli._error(e)
+        return 2
+    settings = ServerSettings(
+        api_key=args.api_key or None,
+        voices_dir=Path(args.voices_dir).expanduser(),
+        max_input_chars=args.max_input_chars,
+        rate_limit=args.rate_limit or None,
+        slots=args.slots,
+        queue_size=args.queue_size,
+        max_seqlen=args.max_seqlen,
+        warmup=not args.no_warmup,
+        model_name=args.model,
+    )
+    app = create_app(lambda: cli.load_model(args, device), settings)
+    cli._log(f"serving on http://{args.host}:{args.port} (key {'required' if settings.api_key else 'off'})")
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    return 0

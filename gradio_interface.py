@@ -906,13 +906,14 @@ def build_demo(
                     toggles = [
                         gr_.Checkbox(
                             label=label,
-                            # None (the loader's default) is on for graphs and fast ops, off for the GEMV
-                            value=on_gpu and (key != "use_cute_gemv" if flags.get(key) is None else flags[key]),
+                            # None (the loader's default) is on for graphs and fast ops, off for the CuTe kernels
+                            value=on_gpu and (not key.startswith("use_cute") if flags.get(key) is None else flags[key]),
                             interactive=on_gpu,
                             info=reason or hint,
                         )
                         for key, label, hint in (
                             ("use_cute_gemv", "CuTe GEMV", "CuTeDSL skinny GEMVs for the decode projections"),
+                            ("use_cute_scan", "CuTe scan", "CuTeDSL Mamba2 SSD scan for prompts up to 256 tokens"),
                             ("cuda_graphs", "CUDA graphs", "replay the decode step and prefill as CUDA graphs"),
                             ("fast_ops", "Fast ops", "Triton kernels for the backbone's ops"),
                         )
@@ -1014,10 +1015,15 @@ def build_demo(
         )
         stop.click(None, js="() => window.zonosPlayer.stop()", api_visibility="private")
 
-        def switch(name: str, use_cute_gemv: bool, cuda_graphs: bool, fast_ops: bool) -> str:
+        def switch(name: str, use_cute_gemv: bool, use_cute_scan: bool, cuda_graphs: bool, fast_ops: bool) -> str:
             if reason is not None:
                 raise gr_.Error(f"Accelerators are unavailable: {reason}.")
-            wanted = {"use_cute_gemv": use_cute_gemv, "cuda_graphs": cuda_graphs, "fast_ops": fast_ops}
+            wanted = {
+                "use_cute_gemv": use_cute_gemv,
+                "use_cute_scan": use_cute_scan,
+                "cuda_graphs": cuda_graphs,
+                "fast_ops": fast_ops,
+            }
             if not _generation_lock.acquire(timeout=LOCK_TIMEOUT_S):
                 raise gr_.Error("The model is busy with another request; try again in a moment.")
             try:
@@ -1221,6 +1227,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="frames in the steady chunks; the chunks after the first double in size until they reach it",
     )
     p.add_argument("--cute-gemv", action="store_true", help="CUDA: decode projections through the CuTeDSL GEMVs")
+    p.add_argument("--cute-scan", action="store_true", help="CUDA: the prefill's SSD scan through the CuTeDSL kernel")
     p.add_argument("--no-cuda-graphs", action="store_true", help="CUDA: run the decode step eagerly")
     p.add_argument("--no-fast-ops", action="store_true", help="CUDA: the torch reference ops instead of Triton")
     p.add_argument("--no-preload", action="store_true", help="load the first model on the first request, not at start")
@@ -1269,6 +1276,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _accelerator_flags(args: argparse.Namespace) -> dict[str, bool | None]:
     return {
         "use_cute_gemv": args.cute_gemv,
+        "use_cute_scan": args.cute_scan,
         "cuda_graphs": False if args.no_cuda_graphs else None,
         "fast_ops": False if args.no_fast_ops else None,
     }

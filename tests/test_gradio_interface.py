@@ -379,11 +379,12 @@ def test_accelerator_toggles_switch_on_cuda(model, monkeypatch):
     demo = gi.build_demo(Loader(), ["tiny"])
     toggles = {c.label: c for c in _components(demo) if isinstance(c, gr.Checkbox) and c.interactive}
     assert toggles["CuTe GEMV"].value and toggles["CUDA graphs"].value and not toggles["Fast ops"].value
+    assert not toggles["CuTe scan"].value  # off unless asked for
     fns = demo.fns.values() if isinstance(demo.fns, dict) else demo.fns
     (switch, *_) = [f for f in fns if toggles["CuTe GEMV"] in f.inputs and f.api_name != "synthesize"]
-    status = switch.fn("tiny", False, True, True)
-    assert calls == [("tiny", {"use_cute_gemv": False, "cuda_graphs": True, "fast_ops": True})]
-    assert "cuda_graphs, fast_ops" in status and not gi._generation_lock.locked()
+    status = switch.fn("tiny", False, True, True, True)
+    assert calls == [("tiny", {"use_cute_gemv": False, "use_cute_scan": True, "cuda_graphs": True, "fast_ops": True})]
+    assert "use_cute_scan, cuda_graphs, fast_ops" in status and not gi._generation_lock.locked()
 
 
 def test_help_explains_every_flag(capsys):

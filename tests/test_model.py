@@ -179,6 +179,8 @@ def test_accelerators_need_cuda(tmp_path, codec):
         Zonos.from_local(*paths, device="cpu", autoencoder=codec, fast_ops=True)
     with pytest.raises(ValueError, match="use_cute_gemv=True needs the model on a CUDA device"):
         Zonos.from_local(*paths, device="cpu", autoencoder=codec, use_cute_gemv=True)
+    with pytest.raises(ValueError, match="use_cute_scan=True needs the model on a CUDA device"):
+        Zonos.from_local(*paths, device="cpu", autoencoder=codec, use_cute_scan=True)
     model = Zonos.from_local(*paths, device="cpu", autoencoder=codec)  # auto: nothing to switch on
     assert model.backend.name == "torch" and model._graphs is None
 

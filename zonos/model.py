@@ -107,6 +107,7 @@ class Zonos(UsesOps, nn.Module):
         fast_ops: bool | None = None,
         cuda_graphs: bool | None = None,
         use_cute_gemv: bool = False,
+        use_cute_scan: bool = False,
     ) -> Zonos:
         """Load from a ``config.json`` and a ``model.safetensors``.
 
@@ -123,6 +124,8 @@ class Zonos(UsesOps, nn.Module):
                 captured once and reused across requests. None: on when the device is CUDA.
             use_cute_gemv: decode-shaped projections (≤ 8 rows: batch ≤ 4 with CFG) through our CuTeDSL GEMVs
                 instead of cuBLAS (needs ``nvidia-cutlass-dsl``; prefill stays on cuBLAS).
+            use_cute_scan: the prefill's Mamba2 SSD scan of up to 256 tokens (a sentence prompt) through our CuTeDSL
+                kernel, one launch per layer (needs ``nvidia-cutlass-dsl``).
         """
         if backbone not in (None, "torch", "mamba_ssm"):
             raise ValueError(f"unknown backbone {backbone!r}: upstream's names are 'torch' and 'mamba_ssm'")
@@ -137,11 +140,17 @@ class Zonos(UsesOps, nn.Module):
                 state[key] = f.get_tensor(key)
         model.load_checkpoint(state, device=device, dtype=dtype)
         model.eval()
-        model.use_accelerators(fast_ops=fast_ops, cuda_graphs=cuda_graphs, use_cute_gemv=use_cute_gemv)
+        model.use_accelerators(
+            fast_ops=fast_ops, cuda_graphs=cuda_graphs, use_cute_gemv=use_cute_gemv, use_cute_scan=use_cute_scan
+        )
         return model
 
     def use_accelerators(
-        self, fast_ops: bool | None = None, cuda_graphs: bool | None = None, use_cute_gemv: bool | None = None
+        self,
+        fast_ops: bool | None = None,
+        cuda_graphs: bool | None = None,
+        use_cute_gemv: bool | None = None,
+        use_cute_scan: bool | None = None,
     ) -> None:
         """Choose this model's op backend and graph capture (None: on where the device and installed packages
         allow, with a warning on CUDA when the Triton ops' packages are missing; the CuTeDSL GEMV stays off unless
@@ -151,7 +160,9 @@ class Zonos(UsesOps, nn.Module):
         Asking for one (True) that the machine cannot run raises an error naming what is missing.
         """
         on_cuda = self.device.type == "cuda"
-        for name, wanted in (("fast_ops", fast_ops), ("cuda_graphs", cuda_graphs), ("use_cute_gemv", use_cute_gemv)):
+        flags = (("fast_ops", fast_ops), ("cuda_graphs", cuda_graphs), ("use_cute_gemv", use_cute_gemv),
+                 ("use_cute_scan", use_cute_scan))  # fmt: skip
+        for name, wanted in flags:
             if wanted and not on_cuda:
                 raise ZonosInputError(
                     f"{name}=True needs the model on a CUDA device; it is on {self.device}: load it with device='cuda' "
@@ -176,6 +187,10 @@ class Zonos(UsesOps, nn.Module):
             from zonos_accel.gemv import cute_gemv_backend
 
             backend = cute_gemv_backend(backend)
+        if use_cute_scan:
+            from zonos_accel.ssd import cute_scan_backend
+
+            backend = cute_scan_backend(backend)
         graphs = None
         if cuda_graphs or (cuda_graphs is None and on_cuda):
             from zonos_accel.graphs import GraphCache

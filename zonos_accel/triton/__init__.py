@@ -6,9 +6,9 @@ not on a CUDA device still run the reference.
 
 | op | fast path | source |
 |---|---|---|
-| ``ssd_step`` | ``selective_state_update`` | mamba_ssm (optional, ``zonos-accel[gpu]``) |
-| ``gated_rms_norm`` | fused gated RMSNorm | mamba_ssm |
-| ``ssd_scan`` | ``mamba_chunk_scan_combined`` | mamba_ssm |
+| ``ssd_step`` | the Mamba2 selective state update, one launch | ours (:mod:`.state_update`) |
+| ``gated_rms_norm`` | fused gated RMSNorm | ours (:mod:`.gated_norm`) |
+| ``ssd_scan`` | ``mamba_chunk_scan_combined`` | mamba_ssm, only when it is importable (else the torch reference, which the prefill's CUDA graphs replay; ``use_cute_scan`` for ours) |
 | ``conv_step`` | one kernel: shift, conv, bias, SiLU | ours (:mod:`.conv`) |
 | ``decode_attention`` | split-K GQA over rows ≤ position | ours (:mod:`.attention`) |
 | ``prefill_attention`` | flash-style causal GQA over rows ≤ position + i | ours (:mod:`.attention`) |
@@ -32,9 +32,11 @@ import torch
 
 from zonos.ops.backend import REFERENCE, Backend
 from zonos_accel.triton.mamba import INSTALL_HINT, mamba_module
+
+# op -> (module, the mamba_ssm part it needs or None). Ours need triton alone; mamba_ssm's are optional.
 _SOURCES = {
-    "ssd_step": ("zonos_accel.triton.mamba", "selective_state_update"),
-    "gated_rms_norm": ("zonos_accel.triton.mamba", "layernorm_gated"),
+    "ssd_step": ("zonos_accel.triton.state_update", None),
+    "gated_rms_norm": ("zonos_accel.triton.gated_norm", None),
     "ssd_scan": ("zonos_accel.triton.mamba", "ssd_combined"),
     "conv_step": ("zonos_accel.triton.conv", None),
     "decode_attention": ("zonos_accel.triton.attention", None),
@@ -82,5 +84,12 @@ def triton_backend(base: Backend = REFERENCE, names: tuple[str, ...] = OPS) -> B
     unknown = set(names) - set(OPS)
     if unknown:
         raise ValueError(f"unknown op(s) {sorted(unknown)}; known: {list(OPS)}")
-    fast = {name: _on_cuda(fast_op(name), base.op(name)) for name in names}
+    fast = {}
+    for name in names:
+        try:
+            fast[name] = _on_cuda(fast_op(name), base.op(name))
+        except ImportError:
+            if _SOURCES[name][1] is None:
+                raise
+            # mamba_ssm is optional: without it this op stays the base backend's
     return base.replace(f"{base.name}+triton" if base.name != "torch" else "triton", **fast)

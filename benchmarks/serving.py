@@ -2,21 +2,22 @@
 request rate, through HTTP on loopback.
 
 An in-process uvicorn runs the server (:mod:`zonos.serve`) on 127.0.0.1; an asyncio client sends
-``POST /v1/zonos/speech`` requests (pcm, streamed) at Poisson arrival times of each --rates value (requests per
-second) for --duration seconds, without waiting for answers (open loop), and reads every response to its end.
-EOS is suppressed, so every request streams exactly --frames frames.
+``POST /v1/zonos/speech`` requests (pcm, streamed) for --duration seconds and reads every response to its end:
+first closed loop with each --streams count of clients (each sends its next request when the last has finished:
+TTFA at that many concurrent streams), then open loop at Poisson arrival times of each --rates value (requests
+per second, sent without waiting for answers). EOS is suppressed, so every request streams exactly --frames frames.
 
     python benchmarks/serving.py --tiny                         # CPU smoke run: tiny random model
-    python benchmarks/serving.py --rates 1 5 10 20 30 --frames 860 --slots 256 --max-seqlen 1024
+    python benchmarks/serving.py --streams 1 32 --rates 5 10 20 25 30 --frames 860 --slots 256 --max-seqlen 1024
 
 Without --tiny: the published hybrid architecture and the 44.1 kHz DAC with random bf16 weights on CUDA, fast ops
 and CUDA graphs on, warmed up (kernels compiled, graphs captured) before the first rate.
 
-Per rate it reports: requests sent, answered in full, and errors (non-200 answers, short or broken streams);
+Per load it reports: requests sent, answered in full, and errors (non-200 answers, short or broken streams);
 TTFA p50/p90/p99 (request sent to first audio bytes received); streaming viability (the share of audio pieces
 that arrive before the audio received earlier in the same response has finished playing, playback starting at the
 first piece); aggregate real-time streams (audio seconds received per wall second, from the first request sent to
-the last response finished); and the peak number of responses open at once.
+the last response finished); and the peak number of responses open at once (at rate r, about r x request duration).
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ def build_model(args):
 
     torch.manual_seed(0)
     model = random_model("hybrid", device=args.device, max_seqlen=args.max_seqlen or 4096)
-    model.autoencoder = DACAutoencoder(DACConfig(), device=args.device).to(torch.bfloat16)
+    model.autoencoder = DACAutoencoder(DACConfig(), device=args.device)
     model.use_accelerators(use_cute_gemv=args.gemv)
     return model
 
@@ -120,33 +121,48 @@ async def one_request(client, body: dict, expect_samples: int, stats: dict) -> N
         stats["last"] = time.perf_counter()
 
 
-async def run_rate(url: str, rate: float, duration: float, frames: int, expect: int, seed: int) -> dict:
+async def run_load(url: str, rate: float | None, streams: int | None, duration: float, frames: int, expect: int,
+                   seed: int) -> dict:
+    """Open loop (``rate`` requests a second, Poisson arrivals) or closed loop (``streams`` clients, each sending
+    its next request when the last one has finished) for ``duration`` seconds of sending."""
     import httpx
 
     rng = random.Random(seed)
     stats = dict(ttfa=[], errors=[], done=0, pieces=0, late=0, audio=0.0, open=0, peak=0, last=0.0)
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    count = 0
+
+    def body() -> dict:
+        nonlocal count
+        count += 1
+        return dict(input=TEXT, seed=seed * 100_000 + count, response_format="pcm", max_new_tokens=frames)
+
     async with httpx.AsyncClient(base_url=url, timeout=httpx.Timeout(600.0), limits=limits) as client:
-        tasks = []
         start = time.perf_counter()
-        t = 0.0
-        i = 0
-        while True:
-            t += rng.expovariate(rate)
-            if t > duration:
-                break
-            delay = start + t - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            body = dict(input=TEXT, seed=seed * 100_000 + i, response_format="pcm", max_new_tokens=frames)
-            tasks.append(asyncio.create_task(one_request(client, body, expect, stats)))
-            i += 1
-        await asyncio.gather(*tasks)
+        if rate is not None:
+            tasks, t = [], 0.0
+            while True:
+                t += rng.expovariate(rate)
+                if t > duration:
+                    break
+                delay = start + t - time.perf_counter()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                tasks.append(asyncio.create_task(one_request(client, body(), expect, stats)))
+            await asyncio.gather(*tasks)
+        else:
+
+            async def worker(k: int) -> None:
+                await asyncio.sleep(k * 0.01)  # staggered starts, as clients arrive
+                while time.perf_counter() - start < duration:
+                    await one_request(client, body(), expect, stats)
+
+            await asyncio.gather(*(worker(k) for k in range(streams)))
     wall = max(stats["last"] - start, 1e-9)
     ms = [1000 * x for x in stats["ttfa"]] or [float("nan")]
     return {
-        "rate (req/s)": rate,
-        "sent": len(tasks),
+        "load": f"{rate:g} req/s" if rate is not None else f"{streams} stream{'s' * (streams != 1)}",
+        "sent": count,
         "done": stats["done"],
         "errors": len(stats["errors"]),
         "TTFA p50 (ms)": percentile(ms, 50),
@@ -163,7 +179,11 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--tiny", action="store_true", help="the tiny random model on the CPU (a smoke run)")
     p.add_argument("--device", default="cuda")
-    p.add_argument("--rates", type=float, nargs="+", default=None, help="requests per second, one run each")
+    p.add_argument("--rates", type=float, nargs="*", default=None, help="open loop: requests per second, one run each")
+    p.add_argument(
+        "--streams", type=int, nargs="*", default=None,
+        help="closed loop: concurrent clients, one run each (e.g. 1 32 for TTFA at 1 and 32 streams)",
+    )
     p.add_argument("--duration", type=float, default=None, help="seconds of arrivals per rate")
     p.add_argument("--frames", type=int, default=None, help="frames per request (86 per second of audio)")
     p.add_argument("--slots", type=int, default=None)
@@ -173,9 +193,9 @@ def main() -> None:
     args = p.parse_args()
     if args.tiny:
         args.device = "cpu"
-        defaults = dict(rates=[1, 2, 4], duration=4.0, frames=40, slots=8)
+        defaults = dict(rates=[1, 2, 4], streams=[1, 4], duration=4.0, frames=40, slots=8)
     else:
-        defaults = dict(rates=[1, 5, 10, 20, 30], duration=30.0, frames=860, slots=256)
+        defaults = dict(rates=[5, 10, 20, 25, 30], streams=[1, 32], duration=30.0, frames=860, slots=256)
     for k, v in defaults.items():
         if getattr(args, k) is None:
             setattr(args, k, v)
@@ -195,21 +215,22 @@ def main() -> None:
     expect = args.frames * 512
     url = f"http://127.0.0.1:{server.port}"
     try:
-        asyncio.run(run_rate(url, 1.0, 2.0 if args.tiny else 5.0, args.frames, expect, seed=999))  # warm the path
+        asyncio.run(run_load(url, None, 2, 2.0 if args.tiny else 5.0, args.frames, expect, seed=999))  # warm the path
         rows = []
-        for k, rate in enumerate(args.rates):
-            row = asyncio.run(run_rate(url, rate, args.duration, args.frames, expect, seed=k))
+        loads = [(None, n) for n in args.streams] + [(r, None) for r in args.rates]
+        for k, (rate, streams) in enumerate(loads):
+            row = asyncio.run(run_load(url, rate, streams, args.duration, args.frames, expect, seed=k))
             errors = row.pop("_errors")
             if errors:
-                print(f"rate {rate}: errors such as {errors}", file=sys.stderr)
+                print(f"{row['load']}: errors such as {errors}", file=sys.stderr)
             rows.append(row)
-            print(f"rate {rate}: done", file=sys.stderr)
+            print(f"{row['load']}: done", file=sys.stderr)
     finally:
         server.stop()
     device = torch.cuda.get_device_name() if model.device.type == "cuda" else "cpu"
     size = "tiny" if args.tiny else "hybrid real-size"
     title = (f"serving: {size} random weights on {device}, {args.slots} slots, {args.frames} frames "
-             f"({args.frames / 86.13:.1f} s) per request, {args.duration:g} s of arrivals per rate")
+             f"({args.frames / 86.13:.1f} s) per request, {args.duration:g} s of sending per load")
     print(table(rows, title))
 
 

@@ -492,10 +492,6 @@ def test_fuzz_from_local_configs(checkpoint, tmp_path):
             assert str(path) in str(m), f"{label}: the error does not name the file: {m}"
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="needs zonos.checkpoint.load_safetensors wired into Zonos.from_local (safetensors' own error otherwise)",
-)
 def test_fuzz_from_local_damaged_weights(checkpoint, tmp_path):
     from zonos.model import Zonos
 

@@ -295,7 +295,6 @@ def test_nan_weights_in_a_checkpoint_are_refused_at_load(tmp_path):
         Zonos.from_local(*paths, device="cpu")
 
 
-@pytest.mark.xfail(strict=False, reason="needs zonos.checkpoint.load_safetensors wired into Zonos.from_local")
 def test_truncated_model_safetensors_through_from_local(tmp_path):
     from tests.tiny import save_tiny_checkpoint
     from zonos.model import Zonos

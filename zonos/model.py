@@ -9,11 +9,10 @@ from collections.abc import Callable, Iterator
 
 import torch
 import torch.nn as nn
-from safetensors import safe_open
 from tqdm import tqdm
 
 from zonos.backbone import ZonosBackbone
-from zonos.checkpoint import check_state_dict
+from zonos.checkpoint import check_state_dict, load_safetensors
 from zonos.codebook_pattern import CODEBOOK_SIZE, N_CODEBOOKS, UNKNOWN  # noqa: F401 - upstream's import path
 from zonos.codec.autoencoder import DACAutoencoder
 from zonos.conditioning import PrefixConditioner
@@ -134,10 +133,7 @@ class Zonos(UsesOps, nn.Module):
         config = ZonosConfig.from_json(config_path)
         with torch.device("meta"):
             model = cls(config, autoencoder=autoencoder, max_seqlen=max_seqlen)
-        state = {}
-        with safe_open(str(model_path), framework="pt", device="cpu") as f:
-            for key in f.keys():
-                state[key] = f.get_tensor(key)
+        state = load_safetensors(model_path)  # a truncated or corrupt file: a CheckpointError naming it
         model.load_checkpoint(state, device=device, dtype=dtype)
         model.eval()
         model.use_accelerators(
@@ -295,7 +291,11 @@ class Zonos(UsesOps, nn.Module):
 
     def make_speaker_embedding(self, wav: torch.Tensor, sr: int) -> torch.Tensor:
         """A (1, 1, 128) bf16 speaker embedding of a voice clip (wav (samples,) or (channels, samples) at ``sr``)
-        for ``make_cond_dict(speaker=...)``. Loads ``Zyphra/Zonos-v0.1-speaker-embedding`` on first use."""
+        for ``make_cond_dict(speaker=...)``. Loads ``Zyphra/Zonos-v0.1-speaker-embedding`` on first use, after the
+        clip has been checked (see :func:`zonos.speaker.check_speaker_clip`)."""
+        from zonos.speaker import check_speaker_clip
+
+        wav, sr = check_speaker_clip(wav, sr)
         if self.spk_clone_model is None:
             from zonos.speaker import SpeakerEmbedding
 

@@ -49,8 +49,9 @@ class Recorder:
         self.steps = steps
         self.logits: torch.Tensor | None = None
 
+    @torch.inference_mode()
     def poison(self) -> None:
-        if self.logits is not None:
+        if self.logits is not None:  # made on the engine's thread, in inference mode
             self.logits.fill_(float("nan"))
 
     def __call__(self, logits: torch.Tensor, step: torch.Tensor) -> torch.Tensor:

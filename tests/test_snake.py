@@ -9,7 +9,7 @@ import importlib.util
 import pytest
 import torch
 
-import zonos.ops
+from zonos.ops.backend import REFERENCE, use_backend
 from zonos.codec.dac import Snake1d
 from zonos.ops.snake import snake as reference
 
@@ -53,7 +53,7 @@ def test_reference_rejects_conflicting_out_dtype():
         reference(x, alpha, torch.float16, out=torch.empty(1, 3, 4))
 
 
-def test_snake1d_dispatches_through_zonos_ops(monkeypatch):
+def test_snake1d_dispatches_through_its_backend():
     calls = []
 
     def fake(x, alpha, *args, **kwargs):
@@ -63,9 +63,10 @@ def test_snake1d_dispatches_through_zonos_ops(monkeypatch):
     module = Snake1d(3)
     x = torch.randn(2, 3, 5)
     assert torch.equal(module(x), old_snake(x, module.alpha))
-    monkeypatch.setattr(zonos.ops, "snake", fake)
+    use_backend(module, REFERENCE.replace("fake", snake=fake))
     assert torch.equal(module(x), -x)
     assert len(calls) == 1 and calls[0][0] is x and calls[0][1] is module.alpha
+    assert torch.equal(Snake1d(3).ops.snake(x, module.alpha), old_snake(x, module.alpha))  # others unaffected
 
 
 def test_registered_as_a_triton_op():

@@ -711,9 +711,9 @@ def create_app(load_model: Callable[[], Any], settings: ServerSettings | None = 
         headers = {"X-Zonos-Seed": str(plan["seed"]), "X-Sample-Rate": str(rate), "X-Zonos-Instance": instance,
                    "Cache-Control": "no-store"}
         if spec.stream_format == "sse":
-            return StreamingResponse(_sse(job, spec, arrived), media_type="text/event-stream", headers=headers)
-        return StreamingResponse(_audio(job, spec, arrived), media_type=MEDIA_TYPES[spec.response_format],
-                                 headers=headers)
+            return _JobResponse(job, _sse(job, spec, arrived), media_type="text/event-stream", headers=headers)
+        return _JobResponse(job, _audio(job, spec, arrived), media_type=MEDIA_TYPES[spec.response_format],
+                            headers=headers)
 
     async def _pieces(job: _Job, arrived: float) -> AsyncIterator[np.ndarray]:
         """The job's audio pieces; leaving early (a client gone) cancels the request."""
@@ -772,6 +772,21 @@ def create_app(load_model: Callable[[], Any], settings: ServerSettings | None = 
                                                             "total_tokens": len(spec.text) + frames}})
 
     return app
+
+
+class _JobResponse(StreamingResponse):
+    """A streamed speech response that cancels its request however it ends, also when the client went away
+    before the body began (then the body's generator never runs, so its own cleanup would not either)."""
+
+    def __init__(self, job: _Job, content, **kwargs):
+        super().__init__(content, **kwargs)
+        self.job = job
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.job.cancel()
 
 
 class _Limits:

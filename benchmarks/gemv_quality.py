@@ -1,10 +1,10 @@
-"""Quality of ``use_cute_gemv`` at real size (issue 5, item 4): a teacher-forced probe and the per-op error.
+"""Quality of ``use_cute_gemv`` at real size: a teacher-forced probe and the per-op error.
 
 Teacher-forced probe: one fixed random sequence of ``--steps`` delayed code columns (seeded; the delay
 pattern of random frames, column 0 all MASK, as the decode loop starts) is forced through
 Zonos-v0.1-hybrid with random bf16 weights (``benchmarks/common.py: random_model``) after a random
 (2, 120, 2048) prefix, batch 1 with CFG (backbone batch 2, so the decode projections are M = 2). Every arm
-runs the model's own ``_prefill`` and then ``_step`` on the same input column at every step whatever it
+runs the backbone prefill and then decode steps (``guided_logits`` after each) on the same column at every step whatever it
 predicts (no sampling), on a freshly allocated inference state, eagerly (CUDA graphs off: a replay runs the
 same kernels, so the same numbers), with the same op backend (``--ops``, default the Triton fast paths).
 Arms: cuBLAS (flag off), the CuTeDSL GEMV (``use_accelerators(use_cute_gemv=True)``; prefill stays on cuBLAS
@@ -53,12 +53,18 @@ from zonos.model import CODEBOOK_SIZE, N_CODEBOOKS
 @torch.inference_mode()
 def teacher_forced(model, prefix: torch.Tensor, delayed: torch.Tensor, steps: int, cfg_scale: float) -> torch.Tensor:
     """Guided logits (steps, 9, V) of prefill (column 0) and ``steps - 1`` decode steps, step t fed column t of
-    ``delayed`` whatever the model predicted."""
-    batch = prefix.shape[0]
-    state = model.backbone.allocate_inference_state(batch, model.max_seqlen)  # fresh caches for every arm
-    out = [model._prefill(prefix.to(model.dtype), delayed[..., :1], state, cfg_scale)]
+    ``delayed`` (one sequence) whatever the model predicted. ``prefix`` is one (cond, uncond) pair, or the cond row
+    alone with guidance off (it then runs twice: ``guided_logits`` takes row pairs)."""
+    prefix = prefix.to(model.dtype)
+    if prefix.shape[0] == 1:
+        prefix = prefix.expand(2, -1, -1)
+    state = model.backbone.allocate_inference_state(2, model.max_seqlen)  # fresh caches for every arm
+    cfg = torch.full((1,), float(cfg_scale), device=prefix.device)
+    hidden = torch.cat([prefix, model.embed_codes(delayed[..., :1]).expand(2, -1, -1)], dim=1)
+    out = [model.guided_logits(model.backbone(hidden, state)[:, -1], cfg)]
     for t in range(1, steps):
-        out.append(model._step(delayed[..., t : t + 1], state, cfg_scale))
+        column = model.embed_codes(delayed[..., t : t + 1]).expand(2, -1, -1)
+        out.append(model.guided_logits(model.backbone.step(column, state)[:, -1], cfg))
     return torch.cat(out).float()
 
 

@@ -8,7 +8,7 @@ TTFA at that many concurrent streams), then open loop at Poisson arrival times o
 per second, sent without waiting for answers). EOS is suppressed, so every request streams exactly --frames frames.
 
     python benchmarks/serving.py --tiny                         # CPU smoke run: tiny random model
-    python benchmarks/serving.py --streams 1 32 --rates 5 10 20 25 30 --frames 860 --slots 256 --max-seqlen 1024
+    python benchmarks/serving.py --streams 1 32 --rates 5 10 20 25 30 --frames 860 --slots 256
 
 Without --tiny: the published hybrid architecture and the 44.1 kHz DAC with random bf16 weights on CUDA, fast ops
 and CUDA graphs on, warmed up (kernels compiled, graphs captured) before the first rate.
@@ -48,12 +48,12 @@ def build_model(args):
 
         from tests.tiny import tiny_model
 
-        return tiny_model(Path(tempfile.mkdtemp()), max_seqlen=args.max_seqlen or 512)
+        return tiny_model(Path(tempfile.mkdtemp()), max_seqlen=args.max_seqlen)
     from zonos.codec.autoencoder import DACAutoencoder
     from zonos.codec.dac import DACConfig
 
     torch.manual_seed(0)
-    model = random_model("hybrid", device=args.device, max_seqlen=args.max_seqlen or 4096)
+    model = random_model("hybrid", device=args.device, max_seqlen=args.max_seqlen)
     model.autoencoder = DACAutoencoder(DACConfig(), device=args.device)
     model.use_accelerators(use_cute_gemv=args.gemv)
     return model
@@ -188,7 +188,9 @@ def main() -> None:
     p.add_argument("--frames", type=int, default=None, help="frames per request (86 per second of audio)")
     p.add_argument("--slots", type=int, default=None)
     p.add_argument("--queue-size", type=int, default=1024)
-    p.add_argument("--max-seqlen", type=int, default=None)
+    p.add_argument(
+        "--max-seqlen", type=int, default=None, help="positions per slot (default: --frames + 512, room for the prompt)"
+    )
     p.add_argument("--gemv", action="store_true", help="CuTeDSL GEMVs for the decode projections")
     args = p.parse_args()
     if args.tiny:
@@ -199,6 +201,7 @@ def main() -> None:
     for k, v in defaults.items():
         if getattr(args, k) is None:
             setattr(args, k, v)
+    args.max_seqlen = args.max_seqlen or args.frames + 512
 
     from zonos.serve import ServerSettings, create_app
 

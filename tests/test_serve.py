@@ -384,6 +384,8 @@ def test_clear_4xx_answers(server):
         not_audio = c.post("/v1/audio/voices", data={"name": "x"}, files={"file": ("a.wav", b"not audio")})
         _error(not_audio, 400, "bad_audio")
         _error(c.post(speech, json=dict(input="a" * 20_000)), 413, "too_large")
+        chunked = c.post(speech, content=iter([b" " * 10_000] * 3), headers={"content-type": "application/json"})
+        _error(chunked, 413, "too_large")  # no Content-Length: counted as it arrives
     for key in (None, "wrong-key"):
         with client(server, key=key) as c:
             _error(c.post("/v1/audio/speech", json=dict(input=TEXT)), 401, "invalid_api_key")

@@ -273,6 +273,9 @@ class _RateLimiter:
             return 0.0
         now = time.monotonic()
         with self.lock:
+            if len(self.buckets) > 10_000:  # forget keys whose buckets have refilled (many clients over time)
+                full = self.capacity / self.rate
+                self.buckets = {k: v for k, v in self.buckets.items() if now - v[1] < full}
             tokens, last = self.buckets.get(key, (self.capacity, now))
             tokens = min(self.capacity, tokens + (now - last) * self.rate)
             if tokens >= 1:

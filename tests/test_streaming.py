@@ -58,9 +58,9 @@ def test_frames_leave_exactly_when_their_last_codebook_is_written(model, prefix,
     takes = []
     real_take = ChunkAssembler.take
 
-    def take(self, delayed, offset):
+    def take(self, delayed, offset, *args):
         takes.append(offset)
-        return real_take(self, delayed, offset)
+        return real_take(self, delayed, offset, *args)
 
     monkeypatch.setattr(ChunkAssembler, "take", take)
     chunks = [c for c in _run(model, prefix, seed=5, stream=True, first_chunk_frames=1, chunk_frames=1) if not c.final]

@@ -95,6 +95,7 @@ class ChunkAssembler:
             decoder.reset()
         self.lookahead = 0 if continuing else decoder.receptive_field.lookahead_frames
         self.size = first_chunk_frames  # frames in the chunk being assembled
+        self.skip_frames = skip_frames
         self.accepted = skip_frames
         self.next_push = skip_frames + self.lookahead + self.size
         self.pushed = self.samples = 0
@@ -106,13 +107,19 @@ class ChunkAssembler:
         """Whether the frames complete once column ``offset`` is written fill the next chunk."""
         return not self.finished and offset - N_CODEBOOKS + 1 >= self.next_push
 
-    def take(self, delayed: torch.Tensor, offset: int) -> None:
-        """Move the frames complete at column ``offset`` to the next chunk; reads the codes on the host (once per
-        chunk, not per step) to find the end."""
+    def take(self, delayed: torch.Tensor, offset: int, eos_free: int = 0) -> None:
+        """Move the frames complete at column ``offset`` to the next chunk. Finding the end reads the codes on the
+        host (once per chunk, not per step), which waits for the GPU; frames before ``eos_free`` are known to hold
+        no EOS (the engine read its slots' flags), so after the first chunk (whose first frame comes from the
+        prefill's token, which the flags do not cover) they need no read."""
         complete = max(offset - N_CODEBOOKS + 1, 0)
         if self.finished or complete <= self.accepted:
             return
         new = final_frames(delayed, self.accepted, complete)
+        if self.accepted > self.skip_frames and complete <= eos_free:
+            self.ready.append(playable(new))
+            self.accepted = complete
+            return
         eos = new[:, 0] == self.eos_token_id  # (b, n)
         prior = torch.zeros_like(eos[:, 0]) if self.ended is None else self.ended
         done = (prior[:, None] | eos.cummax(dim=1).values).all(dim=0)  # every row has ended by frame j

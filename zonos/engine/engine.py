@@ -177,6 +177,7 @@ class _Job:
         self.max_steps = 0
         self.steps = 0
         self.joined = 0  # the engine's step count when the job joined its slots
+        self.eos_free = 0  # frames known to hold no EOS (from the slots' flags)
         self.assembler: ChunkAssembler | None = None
         self.decoder = None
         self.pending: deque[tuple[AudioChunk, object]] = deque()  # chunks whose audio is still on its way
@@ -513,13 +514,17 @@ class Engine:
                 job.steps += 1
         for job in list(self._running):
             self._after_step(job)
-        seen = self._watch.poll(self.steps, slots.active)
+        seen = self._watch.poll(self.steps, slots.active, slots.stopping)
         if seen is not None:
-            as_of, ended = seen
+            as_of, ended, stopped = seen
             for job in list(self._running):
-                # Flags copied before the job joined describe the slot's previous request.
-                if job.joined < as_of and all(ended[s] for s in job.slots):
+                if job.joined >= as_of:  # flags copied before the job joined describe the slot's previous request
+                    continue
+                if all(ended[s] for s in job.slots):
                     self._end(job, deliver=True)
+                elif not any(stopped[s] for s in job.slots):
+                    # No EOS in codebook 0 up to the column written at step as_of, i.e. in frames before it.
+                    job.eos_free = max(job.eos_free, job.offset - (self.steps - as_of))
 
     def _after_step(self, job: _Job) -> None:
         r = job.request
@@ -534,7 +539,7 @@ class Engine:
             if job.assembler is not None:
                 self._hand_out(job)
                 if job.assembler.due(job.offset):
-                    job.assembler.take(self._delayed(job), job.offset)
+                    job.assembler.take(self._delayed(job), job.offset, job.eos_free)
                     if job.assembler.finished:
                         self._end(job, deliver=True)
                         return
@@ -656,21 +661,24 @@ class _ActiveWatch:
 
     def __init__(self, slots: int, device: torch.device):
         self.cuda = device.type == "cuda"
-        self.flags = torch.zeros(slots, dtype=torch.bool, pin_memory=self.cuda)
+        self.flags = torch.zeros(2, slots, dtype=torch.bool, pin_memory=self.cuda)  # active, stopping
         self.event = torch.cuda.Event() if self.cuda else None
         self.submitted: int | None = None
 
-    def poll(self, step: int, active: torch.Tensor) -> tuple[int, list[bool]] | None:
-        """``(as_of, ended)``: per slot whether it had ended after step ``as_of``; None when nothing new was read."""
+    def poll(
+        self, step: int, active: torch.Tensor, stopping: torch.Tensor
+    ) -> tuple[int, list[bool], list[bool]] | None:
+        """``(as_of, ended, stopped)``: per slot whether it had ended, and whether it had sampled EOS, after step
+        ``as_of``; None when nothing new was read."""
         if not self.cuda:
-            return step, (~active).tolist()
+            return step, (~active).tolist(), stopping.tolist()
         ended = None
         if self.submitted is not None and step - self.submitted >= SYNC_EVERY:
             self.event.synchronize()
-            ended = self.submitted, (~self.flags).tolist()
+            ended = self.submitted, (~self.flags[0]).tolist(), self.flags[1].tolist()
             self.submitted = None
         if self.submitted is None and step % SYNC_EVERY == 0:
-            self.flags.copy_(active, non_blocking=True)
+            self.flags.copy_(torch.stack([active, stopping]), non_blocking=True)
             self.event.record()
             self.submitted = step
         return ended

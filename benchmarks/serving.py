@@ -1,7 +1,7 @@
 """The speech server under open-loop load: TTFA, streaming viability and aggregate real-time streams per
 request rate, through HTTP on loopback.
 
-An in-process uvicorn runs the server (:mod:`zonos.serve`) on 127.0.0.1; an asyncio client sends
+An in-process uvicorn runs the server (:mod:`zonos.serve`) on 127.0.0.1; an asyncio client in a second process sends
 ``POST /v1/zonos/speech`` requests (pcm, streamed) for --duration seconds and reads every response to its end:
 first closed loop with each --streams count of clients (each sends its next request when the last has finished:
 TTFA at that many concurrent streams), then open loop at Poisson arrival times of each --rates value (requests
@@ -175,6 +175,12 @@ async def run_load(url: str, rate: float | None, streams: int | None, duration: 
     }
 
 
+def client_run(*args) -> dict:
+    """:func:`run_load` in the client process (its own interpreter, so the client's Python work does not compete
+    with the server's engine and event-loop threads for one GIL)."""
+    return asyncio.run(run_load(*args))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--tiny", action="store_true", help="the tiny random model on the CPU (a smoke run)")
@@ -217,17 +223,22 @@ def main() -> None:
           file=sys.stderr)
     expect = args.frames * 512
     url = f"http://127.0.0.1:{server.port}"
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
     try:
-        asyncio.run(run_load(url, None, 2, 2.0 if args.tiny else 5.0, args.frames, expect, seed=999))  # warm the path
-        rows = []
-        loads = [(None, n) for n in args.streams] + [(r, None) for r in args.rates]
-        for k, (rate, streams) in enumerate(loads):
-            row = asyncio.run(run_load(url, rate, streams, args.duration, args.frames, expect, seed=k))
-            errors = row.pop("_errors")
-            if errors:
-                print(f"{row['load']}: errors such as {errors}", file=sys.stderr)
-            rows.append(row)
-            print(f"{row['load']}: done", file=sys.stderr)
+        with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as client:
+            warm = 2.0 if args.tiny else 5.0
+            client.submit(client_run, url, None, 2, warm, args.frames, expect, 999).result()  # warm the path
+            rows = []
+            loads = [(None, n) for n in args.streams] + [(r, None) for r in args.rates]
+            for k, (rate, streams) in enumerate(loads):
+                row = client.submit(client_run, url, rate, streams, args.duration, args.frames, expect, k).result()
+                errors = row.pop("_errors")
+                if errors:
+                    print(f"{row['load']}: errors such as {errors}", file=sys.stderr)
+                rows.append(row)
+                print(f"{row['load']}: done", file=sys.stderr)
     finally:
         server.stop()
     device = torch.cuda.get_device_name() if model.device.type == "cuda" else "cpu"

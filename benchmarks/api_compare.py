@@ -100,7 +100,8 @@ def main() -> None:
         print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=30))
     name = args.label or "this tree"
     print(
-        f"\n| version | gemv | wall ms/frame | GPU ms/frame (kernels/step) | prefill 120 tok ms | TTFA p50 ms | TTFA p90 ms |\n"
+        "\n| version | gemv | wall ms/frame | GPU ms/frame (kernels/step) | prefill 120 tok ms | TTFA p50 ms "
+        "| TTFA p90 ms |\n"
         f"|---|---|---|---|---|---|---|\n"
         f"| {name} | {args.gemv} | {wall * 1e3:.3f} | {gpu * 1e3:.3f} ({kernels / steps:.0f}) | {prefill * 1e3:.2f} | "
         f"{percentile(ttfa, 50) * 1e3:.1f} | {percentile(ttfa, 90) * 1e3:.1f} |"

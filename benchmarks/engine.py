@@ -51,8 +51,12 @@ def step_bytes(model, rows: int, kv_len: int) -> int:
     return weights + rows * (2 * ssm + kv)
 
 
-def run(model, slots: int, frames: int, prefix_tokens: int, ramp: float, processor, seed: int, vocoder_streams: int) -> dict:
-    model.start_engine(slots=slots, max_seqlen=prefix_tokens + frames + 16, queue_size=2 * slots, vocoder_streams=vocoder_streams)
+def run(
+    model, slots: int, frames: int, prefix_tokens: int, ramp: float, processor, seed: int, vocoder_streams: int
+) -> dict:
+    model.start_engine(
+        slots=slots, max_seqlen=prefix_tokens + frames + 16, queue_size=2 * slots, vocoder_streams=vocoder_streams
+    )
     engine = model.engine
     d = model.config.backbone.d_model
     g = torch.Generator("cuda").manual_seed(seed)

@@ -73,8 +73,9 @@ def test_requests_joining_at_different_steps_equal_their_solo_runs(model, prefix
     def submitter(i):
         def callback(frame, step, max_steps):
             if step == joins.get(i) and i + 1 not in handles:
-                handles[i + 1] = model.submit(prefixes[i + 1], **_kwargs(i + 1, stream=i % 2 == 0, chunk_frames=4,
-                                                                             callback=submitter(i + 1)))
+                handles[i + 1] = model.submit(
+                    prefixes[i + 1], **_kwargs(i + 1, stream=i % 2 == 0, chunk_frames=4, callback=submitter(i + 1))
+                )
             return True
 
         return callback

@@ -26,7 +26,9 @@ def _snr_db(ref, x):
 
 
 def test_streamed_long_form_is_one_seamless_utterance(model):
-    chunks = list(speak_segments(model, SEGMENTS, cond={"language": "en-us"}, stream=True, chunk_frames=4, **_kwargs(3)))
+    chunks = list(
+        speak_segments(model, SEGMENTS, cond={"language": "en-us"}, stream=True, chunk_frames=4, **_kwargs(3))
+    )
     assert chunks[-1].final and not any(c.final for c in chunks[:-1])
     codes = torch.cat([c.codes for c in chunks], -1)
     assert torch.equal(codes, speak_segments(model, SEGMENTS, **_kwargs(3)))  # streamed = one-shot codes
@@ -43,7 +45,10 @@ def test_a_segment_continues_the_previous_codes(model):
     cond = lambda text: model.prepare_conditioning(make_cond_dict(text=text, language="en-us"))  # noqa: E731
     first = model.generate(cond(SEGMENTS[0]), max_new_tokens=24, progress_bar=False, generator=g)
     second = model.generate(
-        cond(f"{SEGMENTS[0]} {SEGMENTS[1]}"), audio_prefix_codes=first, max_new_tokens=24, progress_bar=False,
+        cond(f"{SEGMENTS[0]} {SEGMENTS[1]}"),
+        audio_prefix_codes=first,
+        max_new_tokens=24,
+        progress_bar=False,
         generator=g,
     )[..., first.shape[-1] :]
     assert torch.equal(long, torch.cat([first, second], -1))

@@ -69,15 +69,23 @@ def _stream(model, segments: list[str], cond: dict, kwargs: dict) -> Iterator[Au
     last = len(segments) - 1
     for k, prefix in enumerate(_prefixes(model, segments, cond)):
         handle = model.submit(
-            prefix, audio_prefix_codes=previous, stream=True, decoder=decoder, emit_prefix=False, flush=k == last,
-            progress_bar=progress_bar, **kwargs,
+            prefix,
+            audio_prefix_codes=previous,
+            stream=True,
+            decoder=decoder,
+            emit_prefix=False,
+            flush=k == last,
+            progress_bar=progress_bar,
+            **kwargs,
         )
         new = []
         try:
             for chunk in handle:
                 new.append(chunk.codes)
                 n, m = chunk.codes.shape[-1], chunk.audio.shape[-1]
-                yield AudioChunk(chunk.audio, chunk.codes, (frames, frames + n), (samples, samples + m), chunk.final and k == last)
+                yield AudioChunk(
+                    chunk.audio, chunk.codes, (frames, frames + n), (samples, samples + m), chunk.final and k == last
+                )
                 frames += n
                 samples += m
         finally:

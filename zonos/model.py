@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 import warnings
@@ -198,7 +199,7 @@ class Zonos(UsesOps, nn.Module):
         """Run ``backend``'s ops from the next decode step on (the model, its codec and its engine), and with
         ``graphs`` given, use that CUDA-graph cache (None: eager). :meth:`use_accelerators` builds both."""
         engine = self._engine
-        with engine.idle() if engine is not None else _no_engine():
+        with engine.idle() if engine is not None else contextlib.nullcontext():
             self.backend = backend
             use_backend(self, backend)
             if self._autoencoder is not None:
@@ -368,8 +369,14 @@ class Zonos(UsesOps, nn.Module):
 
         params = SamplingParams.from_dict({"min_p": 0.1} if sampling_params is None else sampling_params)
         max_new_tokens, cfg_scale, batch_size = check_generate_args(
-            prefix, audio_prefix_codes, max_new_tokens, cfg_scale, batch_size, generator,
-            device=self.device, d_model=self.config.backbone.d_model,
+            prefix,
+            audio_prefix_codes,
+            max_new_tokens,
+            cfg_scale,
+            batch_size,
+            generator,
+            device=self.device,
+            d_model=self.config.backbone.d_model,
         )
         audio_len = 0 if audio_prefix_codes is None else audio_prefix_codes.shape[2]
         self._check_length(prefix.shape[1] + audio_len, max_new_tokens)
@@ -448,9 +455,18 @@ class Zonos(UsesOps, nn.Module):
         if stream:
             check_chunk_sizes(first_chunk_frames, chunk_frames)
         request = self._request(
-            prefix_conditioning, audio_prefix_codes, max_new_tokens, cfg_scale, batch_size, sampling_params,
-            generator, stream=stream, first_chunk_frames=first_chunk_frames, chunk_frames=chunk_frames,
-            callback=callback, logits_processor=logits_processor,
+            prefix_conditioning,
+            audio_prefix_codes,
+            max_new_tokens,
+            cfg_scale,
+            batch_size,
+            sampling_params,
+            generator,
+            stream=stream,
+            first_chunk_frames=first_chunk_frames,
+            chunk_frames=chunk_frames,
+            callback=callback,
+            logits_processor=logits_processor,
         )
         bar = tqdm(
             total=request.max_new_tokens + N_CODEBOOKS - 2, desc="Generating", unit="frame", disable=not progress_bar
@@ -519,8 +535,14 @@ class Zonos(UsesOps, nn.Module):
 def _generate_kwargs(kwargs: dict) -> dict:
     """``generate``'s keyword arguments as :meth:`Zonos._request` takes them."""
     positional = ("audio_prefix_codes", "max_new_tokens", "cfg_scale", "batch_size", "sampling_params", "generator")
-    defaults = dict(audio_prefix_codes=None, max_new_tokens=86 * 30, cfg_scale=2.0, batch_size=1,
-                    sampling_params=None, generator=None)
+    defaults = dict(
+        audio_prefix_codes=None,
+        max_new_tokens=86 * 30,
+        cfg_scale=2.0,
+        batch_size=1,
+        sampling_params=None,
+        generator=None,
+    )
     out = {k: kwargs.pop(k, defaults[k]) for k in positional}
     stream = kwargs.get("stream", False)
     kwargs.setdefault("first_chunk_frames", DEFAULT_FIRST_CHUNK_FRAMES)
@@ -537,14 +559,6 @@ def _chunks(handle: RequestHandle, bar) -> Iterator[AudioChunk]:
     finally:
         bar.close()
         handle.cancel()
-
-
-class _no_engine:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return None
 
 
 def _stack(stacked: torch.Tensor, modules: nn.ModuleList, row_multiple: int) -> torch.Tensor:

@@ -159,7 +159,9 @@ class ChunkAssembler:
         if codes is None:
             codes = torch.zeros(audio.shape[0], N_CODEBOOKS, 0, dtype=torch.long, device=device)
         n = codes.shape[-1]
-        chunk = AudioChunk(audio, codes, (self.pushed, self.pushed + n), (self.samples, self.samples + audio.shape[-1]), final)
+        chunk = AudioChunk(
+            audio, codes, (self.pushed, self.pushed + n), (self.samples, self.samples + audio.shape[-1]), final
+        )
         self.pushed += n
         self.samples += audio.shape[-1]
         if not final:

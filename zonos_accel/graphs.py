@@ -78,8 +78,9 @@ class GraphCache:
             return result  # capture needs a side stream; the engine runs on one, others just run eagerly
         graph = torch.cuda.CUDAGraph()
         try:
-            with torch.cuda.graph(graph, pool=self._pool, stream=torch.cuda.current_stream(self.device),
-                                  capture_error_mode="thread_local"):
+            with torch.cuda.graph(
+                graph, pool=self._pool, stream=torch.cuda.current_stream(self.device), capture_error_mode="thread_local"
+            ):
                 static = fn()
         finally:
             if after_capture is not None:
@@ -101,7 +102,9 @@ class GraphCache:
             key = ("prefill", id(state), n, hidden.shape[0], hidden.dtype, backbone.ops)
             static = self._inputs.get(key)
             if static is None:
-                static = self._inputs[key] = torch.empty(hidden.shape[0], n, hidden.shape[2], device=hidden.device, dtype=hidden.dtype)
+                static = self._inputs[key] = torch.empty(
+                    hidden.shape[0], n, hidden.shape[2], device=hidden.device, dtype=hidden.dtype
+                )
             static.copy_(hidden[:, start : start + n])
             seqlen = state.seqlen
             first = key not in self._graphs
@@ -109,7 +112,7 @@ class GraphCache:
             def restore(seqlen=seqlen + n):
                 state.seqlen = seqlen
 
-            piece = self.run(key, lambda: backbone(static, state), after_capture=restore)
+            piece = self.run(key, lambda static=static: backbone(static, state), after_capture=restore)
             if not first:
                 state.seqlen = seqlen + n  # what backbone.forward does on the host; the replay advanced position
             out[:, start : start + n].copy_(piece)

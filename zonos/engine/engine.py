@@ -21,6 +21,7 @@ replayed; the key includes the model's backend, so switching accelerators takes 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import math
 import queue
 import threading
@@ -325,14 +326,15 @@ class Engine:
         """Capture every prefill piece size now (with graphs on), so no request of any prompt length captures."""
         if self.graphs is None:
             return
-        with self._work, torch.cuda.stream(self._stream) if self._stream is not None else _nothing():
+        with self._work, torch.cuda.stream(self._stream) if self._stream is not None else contextlib.nullcontext():
             self.graphs.prepare_prefill(self.model.backbone, self.staging)
         if self._stream is not None:
             self._stream.synchronize()
 
-    def idle(self) -> _Idle:
-        """A context in which no request runs (the worker waits): e.g. to switch accelerators."""
-        return _Idle(self._work)
+    def idle(self) -> threading.RLock:
+        """A context (``with engine.idle():``) in which no request runs (the worker waits): e.g. to switch
+        accelerators."""
+        return self._work
 
     # ----------------------------------------------------------------------------------------- checks
 
@@ -365,7 +367,7 @@ class Engine:
             self._cv.notify_all()
 
     def _run(self) -> None:
-        stream = torch.cuda.stream(self._stream) if self._stream is not None else _nothing()
+        stream = torch.cuda.stream(self._stream) if self._stream is not None else contextlib.nullcontext()
         with torch.inference_mode(), stream:
             while True:
                 with self._cv:
@@ -466,14 +468,27 @@ class Engine:
             column = delayed[i, :, offset]
             delayed[i, :, offset] = torch.where(column == UNKNOWN, tokens[0], column)
             self.slots.load(
-                slot, self.staging, hidden.shape[1], delayed[i], offset, job.limit, r.cfg_scale, r.seeds[i],
-                r.sampling, job.processor,
+                slot,
+                self.staging,
+                hidden.shape[1],
+                delayed[i],
+                offset,
+                job.limit,
+                r.cfg_scale,
+                r.seeds[i],
+                r.sampling,
+                job.processor,
             )
         if r.stream:
             job.decoder = r.decoder if r.decoder is not None else self._decoder()
             job.assembler = ChunkAssembler(
-                job.decoder, model.eos_token_id, r.first_chunk_frames, r.chunk_frames, self._side_stream(),
-                skip_frames=0 if r.emit_prefix else audio_len, flush=r.flush,
+                job.decoder,
+                model.eos_token_id,
+                r.first_chunk_frames,
+                r.chunk_frames,
+                self._side_stream(),
+                skip_frames=0 if r.emit_prefix else audio_len,
+                flush=r.flush,
             )
 
     def _side_stream(self):
@@ -578,7 +593,9 @@ class Engine:
             if deliver and not job.cancelled():
                 offset = int(self.slots.offset[job.index].max())
                 if job.assembler is None:
-                    job.items.put(_frames(self.slots.delayed[job.index, :, : job.limit + 1], offset, self.model.eos_token_id))
+                    job.items.put(
+                        _frames(self.slots.delayed[job.index, :, : job.limit + 1], offset, self.model.eos_token_id)
+                    )
                 else:
                     job.assembler.take(self.slots.delayed[job.index, :, : offset + 1], offset)
                     job.pending.append(job.assembler.vocode(final=True))
@@ -684,30 +701,13 @@ class _ActiveWatch:
         return ended
 
 
-class _Idle:
-    def __init__(self, lock: threading.RLock):
-        self.lock = lock
-
-    def __enter__(self):
-        self.lock.acquire()
-
-    def __exit__(self, *exc):
-        self.lock.release()
-
-
-class _nothing:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return None
-
-
 def slot_bytes(model, max_seqlen: int) -> int:
     """Device bytes one slot's decode state takes (two backbone rows of caches and its delayed codes)."""
     state = model.backbone.allocate_inference_state(2, max_seqlen, device="meta")
     caches = sum(
-        t.numel() * t.element_size() for c in state.caches for t in (getattr(c, a) for a in ("k", "v", "conv", "ssm") if hasattr(c, a))
+        t.numel() * t.element_size()
+        for c in state.caches
+        for t in (getattr(c, a) for a in ("k", "v", "conv", "ssm") if hasattr(c, a))
     )
     return caches + N_CODEBOOKS * max_seqlen * 8
 

@@ -170,7 +170,9 @@ def sample_rows(
         probs = torch.where(_column(p.top_p) > 0, kept, probs)
     if top_k:
         k = p.top_k.clamp(1, probs.shape[-1])
-        kth = probs.sort(dim=-1, descending=True).values.gather(-1, (k - 1)[:, None, None].expand(-1, probs.shape[1], 1))
+        kth = probs.sort(dim=-1, descending=True).values.gather(
+            -1, (k - 1)[:, None, None].expand(-1, probs.shape[1], 1)
+        )
         kept = _renormalize(torch.where(probs < kth, 0.0, probs))
         probs = torch.where(_column(p.top_k) > 0, kept, probs)
     if min_p:

@@ -27,7 +27,9 @@ MAX_WINDOW = 64  # longest repetition-penalty window a slot holds (upstream's de
 def row_view(state: InferenceState, start: int, stop: int) -> InferenceState:
     """Rows ``start .. stop`` of ``state`` as a state of their own (views: same memory, same addresses)."""
     caches = [
-        KVCache(c.k[start:stop], c.v[start:stop]) if isinstance(c, KVCache) else Mamba2Cache(c.conv[start:stop], c.ssm[start:stop])
+        KVCache(c.k[start:stop], c.v[start:stop])
+        if isinstance(c, KVCache)
+        else Mamba2Cache(c.conv[start:stop], c.ssm[start:stop])
         for c in state.caches
     ]
     view = InferenceState(caches, stop - start, state.max_seqlen, state.position.device)
@@ -94,7 +96,9 @@ class Slots:
         self.delayed[slot, :, : delayed.shape[-1]].copy_(delayed)
         # One host transfer, then device-side copies (element writes from Python would each wait for the GPU).
         ints = to_device([offset, limit, limit + 1 - offset, seed, 1, processor], torch.int64, self.offset.device)
-        for buffer, value in zip((self.offset, self.limit, self.remaining, self.seeds, self.steps, self.processor), ints):
+        for buffer, value in zip(
+            (self.offset, self.limit, self.remaining, self.seeds, self.steps, self.processor), ints
+        ):
             buffer[slot : slot + 1].copy_(value)
         self.cfg[slot : slot + 1].fill_(cfg_scale)
         self.stopping[slot : slot + 1].fill_(False)

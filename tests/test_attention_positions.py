@@ -13,35 +13,23 @@ document: the references' masks (every row visible), and no access outside the c
 
 from __future__ import annotations
 
-import os
-
-import numpy as np
 import pytest
 import torch
 
+from tests.kernels import TARGETS, kernel_device
 from zonos import ops
 from zonos.errors import ZonosInputError
 from zonos.ops.rotary import rotary_qk
 
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 TOL = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 1e-2}
 SMALL = (6, 2, 40, 300)  # (q heads, kv heads, head dim, max_seqlen): 3 query heads per kv head, 3 splits, ragged
 REAL = (16, 4, 128, 4096)  # Zonos-v0.1-hybrid's attention; too slow for the interpreter
 
 
-@pytest.fixture(scope="module", params=["interpreter", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.fixture(scope="module", params=TARGETS)
 def device(request) -> torch.device:
-    """The interpreter runs the kernels on the CPU when the suite starts with TRITON_INTERPRET=1 (set later, the
-    interpreter cannot run their nested jit functions)."""
-    if request.param == "cuda" and (INTERPRET or not torch.cuda.is_available()):
-        pytest.skip("needs a CUDA device (and TRITON_INTERPRET unset)")
-    if request.param == "interpreter" and not INTERPRET:
-        pytest.skip("run with TRITON_INTERPRET=1 to interpret the kernels on the CPU")
-    if request.param == "interpreter" and tuple(map(int, np.__version__.split(".")[:2])) >= (2, 3):
-        pytest.skip("Triton's interpreter fails with numpy >= 2.3: pip install 'numpy<2.3'")
-    pytest.importorskip("triton")
-    return torch.device("cuda" if request.param == "cuda" else "cpu")
+    return kernel_device(request.param)
 
 
 @pytest.fixture

@@ -8,27 +8,16 @@ ragged ones, passed as the strided views the mixer passes; the output memory is 
 
 from __future__ import annotations
 
-import os
-
-import numpy as np
 import pytest
 import torch
 
+from tests.kernels import INTERPRET, TARGETS, kernel_device
 from zonos import ops
 
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
-
-@pytest.fixture(scope="module", params=["interpreter", pytest.param("cuda", marks=pytest.mark.gpu)])
-def device(request):
-    if request.param == "cuda" and (INTERPRET or not torch.cuda.is_available()):
-        pytest.skip("needs a CUDA device (and TRITON_INTERPRET unset)")
-    if request.param == "interpreter" and not INTERPRET:
-        pytest.skip("run with TRITON_INTERPRET=1 to interpret the kernels on the CPU")
-    if request.param == "interpreter" and tuple(map(int, np.__version__.split(".")[:2])) >= (2, 3):
-        pytest.skip("Triton's interpreter fails with numpy >= 2.3: pip install 'numpy<2.3'")
-    pytest.importorskip("triton")
-    return torch.device("cuda" if request.param == "cuda" else "cpu")
+@pytest.fixture(scope="module", params=TARGETS)
+def device(request) -> torch.device:
+    return kernel_device(request.param)
 
 
 def _dtypes(device):

@@ -1,0 +1,27 @@
+"""Shared helpers for the tests of our GPU kernels, which run on a CUDA device or in Triton's interpreter."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+TARGETS = ["interpreter", pytest.param("cuda", marks=pytest.mark.gpu)]  # the ``params`` of a kernel-device fixture
+
+
+def kernel_device(target: str) -> torch.device:
+    """The device a kernel test runs on for ``target`` ("interpreter" or "cuda"), or a skip saying what is missing.
+
+    The interpreter runs the kernels on the CPU when the suite starts with TRITON_INTERPRET=1 (set later, the
+    interpreter cannot run their nested jit functions)."""
+    if target == "cuda" and (INTERPRET or not torch.cuda.is_available()):
+        pytest.skip("needs a CUDA device (and TRITON_INTERPRET unset)")
+    if target == "interpreter" and not INTERPRET:
+        pytest.skip("run with TRITON_INTERPRET=1 to interpret the kernels on the CPU")
+    if target == "interpreter" and tuple(map(int, np.__version__.split(".")[:2])) >= (2, 3):
+        pytest.skip("Triton's interpreter fails with numpy >= 2.3: pip install 'numpy<2.3'")
+    pytest.importorskip("triton")
+    return torch.device("cuda" if target == "cuda" else "cpu")

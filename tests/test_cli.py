@@ -437,7 +437,8 @@ SPEAK_CASES = [
     ([TEXT, "--model", "{d}/missing"], "--model {d}/missing: no such directory, and not a Hugging Face repo id"),
     ([TEXT, "--model", "{d}/nomodel"], "the directory has no config.json or model.safetensors"),
     ([TEXT, "--codec", "not a repo"], "--codec not a repo: no such directory"),
-    ([TEXT, "--device", "nonsense"], "--device nonsense:"),
+    ([TEXT, "--device", "nonsense"], "--device 'nonsense' is not a device name"),
+    ([TEXT, "--device", "mps"], "--device 'mps' is not available on this machine"),
     ([TEXT, "--device", "cpu", "--cute-gemv"], "--cute-gemv runs CUDA kernels"),
     ([TEXT, "--no-such-flag"], "unrecognized arguments: --no-such-flag"),
 ]
@@ -468,7 +469,7 @@ def test_bad_speak_input_is_one_line_before_loading(argv, message, files, clip, 
         (["voice", "{clip}", "--out", "{d}/v.wav"], "would overwrite audio with a voice file; name it .pt"),
         (["voice", "{clip}", "--out", "{d}/none/v.pt"], "the directory {d}/none does not exist"),
         (["voice", "{clip}", "--speaker-model", "{d}/nomodel"], "the directory has no ResNet293_SimAM_ASP_base.pt"),
-        (["voice", "{clip}", "--device", "nonsense"], "--device nonsense:"),
+        (["voice", "{clip}", "--device", "nonsense"], "--device 'nonsense' is not a device name"),
         (["bench", "--runs", "0", "--device", "cpu"], "--runs must be at least 1"),
         (["bench", "--text", " ", "--device", "cpu"], "--text is empty"),
         (["bench", "--language", "xx", "--device", "cpu"], "--language: "),
@@ -497,7 +498,7 @@ def test_stdout_that_is_a_terminal_is_refused(no_load, monkeypatch, capsys):
 def test_cuda_without_cuda_is_refused(no_load, monkeypatch, capsys):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     code, _, err = run(["speak", TEXT, "--device", "cuda"], capsys)
-    assert code == 2 and "torch sees no CUDA device here; use --device cpu" in one_line_error(err)
+    assert code == 2 and "--device 'cuda' is not available on this machine" in one_line_error(err)
 
 
 def test_help_on_every_command_and_flag(capsys):

@@ -395,10 +395,12 @@ def _check_device(spec: str | None, args: argparse.Namespace | None = None):
 
     from zonos.utils import default_device
 
+    from zonos.validation import check_device
+
     try:
-        device = torch.device(spec) if spec else default_device()
-    except (RuntimeError, ValueError) as e:
-        raise UsageError(f"--device {spec}: {e}") from None
+        device = check_device("--device", spec) if spec else default_device()
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     if device.type == "cuda":
         if not torch.cuda.is_available():
             raise UsageError(

@@ -456,10 +456,9 @@ class Engine:
                 self.staging.reset()
                 last = self._backbone_prefill(hidden)[:, -1]
                 cfg = torch.full((1,), float(r.cfg_scale), device=device)
-                logits = model.guided_logits(last, cfg)
+                prefilled = model.guided_logits(last, cfg)  # shared by the sequences of one prefix
             seed, step = to_device([r.seeds[i]], torch.int64, device), torch.zeros(1, dtype=torch.long, device=device)
-            if r.logits_processor is not None:
-                logits = r.logits_processor(logits, step)
+            logits = prefilled if r.logits_processor is None else r.logits_processor(prefilled.clone(), step)
             none = torch.zeros(1, MAX_WINDOW, dtype=torch.bool, device=device)
             recent = torch.zeros(1, N_CODEBOOKS, MAX_WINDOW, dtype=torch.long, device=device)
             tokens = sample_rows(

@@ -163,8 +163,14 @@ def test_abandoned_iterator_frees_its_slot(model, prefixes, solo):
 def test_bad_requests(model, prefixes, tmp_path):
     with pytest.raises(ZonosInputError, match="max_seqlen"):
         model.generate(prefixes[0], max_new_tokens=150, progress_bar=False)
-    with pytest.raises(ZonosInputError, match="slots"):
-        model.generate(prefixes[0], max_new_tokens=4, batch_size=5, progress_bar=False)
+    gate = threading.Event()
+    busy = model.submit(prefixes[0], max_new_tokens=12, callback=lambda *a: gate.wait(30))
+    try:
+        with pytest.raises(ZonosInputError, match="slots"):  # a busy engine is not resized under its requests
+            model.generate(prefixes[0], max_new_tokens=4, batch_size=5, progress_bar=False)
+    finally:
+        gate.set()
+        busy.result()
     small = Engine(model, slots=1, queue_size=1)
     gate = threading.Event()
 
@@ -187,6 +193,13 @@ def test_bad_requests(model, prefixes, tmp_path):
         small.shutdown()
     with pytest.raises(EngineClosedError, match="shut down"):
         small.submit(request())
+
+
+def test_an_idle_engine_grows_for_a_large_batch(tmp_path, prefixes):
+    m = tiny_model(tmp_path, dtype=torch.float64, max_seqlen=160)
+    m.start_engine(slots=2)
+    codes = m.generate(prefixes[0], max_new_tokens=6, batch_size=3, progress_bar=False)
+    assert codes.shape[0] == 3 and m.engine.slots.count == 3
 
 
 def test_backend_switch_takes_effect_at_the_next_request(model, prefixes, solo):

@@ -403,7 +403,17 @@ class Zonos(UsesOps, nn.Module):
         request = self._request(prefix_conditioning, **_generate_kwargs(kwargs))
         if progress_bar:
             request.progress = tqdm(total=request.max_new_tokens + N_CODEBOOKS - 2, desc="Generating", unit="frame")
-        return self.engine.submit(request)
+        return self._engine_for(request).submit(request)
+
+    def _engine_for(self, request: Request) -> Engine:
+        """The engine, grown to ``request.batch_size`` slots when it has fewer and nothing runs on it (upstream's
+        ``generate(batch_size=B)`` works for any B); a busy engine keeps its size and the request is refused."""
+        engine = self.engine
+        if request.batch_size > engine.slots.count and not engine.busy:
+            engine = self.start_engine(
+                slots=request.batch_size, max_seqlen=engine.max_seqlen, queue_size=engine.queue_size
+            )
+        return engine
 
     @torch.inference_mode()
     def generate(
@@ -472,7 +482,7 @@ class Zonos(UsesOps, nn.Module):
             total=request.max_new_tokens + N_CODEBOOKS - 2, desc="Generating", unit="frame", disable=not progress_bar
         )
         request.progress = bar if progress_bar else None
-        handle = self.engine.submit(request)
+        handle = self._engine_for(request).submit(request)
         if stream:
             return _chunks(handle, bar)
         try:

@@ -302,9 +302,9 @@ class Engine:
 
     @property
     def busy(self) -> bool:
-        """Whether requests are queued or running."""
+        """Whether requests are queued or hold slots (running, or joining: their prefill runs)."""
         with self._cv:
-            return bool(self._queue or self._running)
+            return bool(self._queue) or len(self._free) < self.slots.count
 
     @property
     def queued(self) -> int:

@@ -63,11 +63,18 @@ class GraphCache:
         self._graphs.clear()
         self._inputs.clear()
 
-    def run(self, key: tuple, fn: Callable[[], object], after_capture: Callable[[], None] | None = None):
+    def run(
+        self,
+        key: tuple,
+        fn: Callable[[], object],
+        before_capture: Callable[[], None] | None = None,
+        after_capture: Callable[[], None] | None = None,
+    ):
         """``fn()``: replayed from the graph of ``key``, or (the first time) run eagerly and then captured.
 
-        ``after_capture`` undoes the host-side effects of the capture's Python run. Returns the eager result the
-        first time and the graph's static result later (valid until the next replay)."""
+        ``before_capture`` puts back the host-side state the eager run changed (so the capture's Python run sees
+        what the eager one saw); ``after_capture`` sets what the call leaves. Returns the eager result the first
+        time and the graph's static result later (valid until the next replay)."""
         entry = self._graphs.get(key)
         if entry is not None:
             entry[0].replay()
@@ -77,6 +84,8 @@ class GraphCache:
         if torch.cuda.current_stream(self.device) == torch.cuda.default_stream(self.device):
             return result  # capture needs a side stream; the engine runs on one, others just run eagerly
         graph = torch.cuda.CUDAGraph()
+        if before_capture is not None:
+            before_capture()
         try:
             with torch.cuda.graph(
                 graph, pool=self._pool, stream=torch.cuda.current_stream(self.device), capture_error_mode="thread_local"
@@ -107,14 +116,17 @@ class GraphCache:
                 )
             static.copy_(hidden[:, start : start + n])
             seqlen = state.seqlen
-            first = key not in self._graphs
 
-            def restore(seqlen=seqlen + n):
-                state.seqlen = seqlen
+            def set_seqlen(value: int) -> None:
+                state.seqlen = value
 
-            piece = self.run(key, lambda static=static: backbone(static, state), after_capture=restore)
-            if not first:
-                state.seqlen = seqlen + n  # what backbone.forward does on the host; the replay advanced position
+            piece = self.run(
+                key,
+                lambda static=static: backbone(static, state),
+                before_capture=lambda: set_seqlen(seqlen),  # the capture checks bounds as the eager run did
+                after_capture=lambda: set_seqlen(seqlen + n),
+            )
+            state.seqlen = seqlen + n  # what backbone.forward does on the host; a replay advanced only the position
             out[:, start : start + n].copy_(piece)
             start += n
         return out

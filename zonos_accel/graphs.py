@@ -123,10 +123,10 @@ class GraphCache:
             piece = self.run(
                 key,
                 lambda static=static: backbone(static, state),
-                before_capture=lambda: set_seqlen(seqlen),  # the capture checks bounds as the eager run did
-                after_capture=lambda: set_seqlen(seqlen + n),
+                before_capture=lambda start=seqlen: set_seqlen(start),  # the capture checks bounds as the eager run did
+                after_capture=lambda end=seqlen + n: set_seqlen(end),
             )
-            state.seqlen = seqlen + n  # what backbone.forward does on the host; a replay advanced only the position
+            state.seqlen = seqlen + n  # what backbone.forward does on the host (a replay advances only the position)
             out[:, start : start + n].copy_(piece)
             start += n
         return out

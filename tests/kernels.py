@@ -25,3 +25,22 @@ def kernel_device(target: str) -> torch.device:
         pytest.skip("Triton's interpreter fails with numpy >= 2.3: pip install 'numpy<2.3'")
     pytest.importorskip("triton")
     return torch.device("cuda" if target == "cuda" else "cpu")
+
+
+def kernel_dtypes(device: torch.device) -> list[torch.dtype]:
+    """The dtypes a kernel test covers: Triton's interpreter rounds bf16 differently from the GPU (numpy has no bf16),
+    so fp16 stands in for it there."""
+    return [torch.float32, torch.bfloat16] if device.type == "cuda" else [torch.float32, torch.float16]
+
+
+def poison_allocator(device: torch.device) -> None:
+    """Fill the CUDA caching allocator's free memory with NaN, so an output element a kernel never writes shows."""
+    if device.type == "cuda":
+        junk = torch.full((64 << 20,), float("nan"), device=device)
+        del junk
+
+
+def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """‖out − ref‖ / ‖ref‖ in float64; a non-finite output fails."""
+    assert torch.isfinite(out).all(), "non-finite output"
+    return ((out.double() - ref.double()).norm() / ref.double().norm()).item()

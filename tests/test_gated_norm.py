@@ -11,29 +11,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.kernels import INTERPRET, TARGETS, kernel_device
+from tests.kernels import INTERPRET, TARGETS, kernel_device, kernel_dtypes, poison_allocator, rel_error
 from zonos import ops
 
 
 @pytest.fixture(scope="module", params=TARGETS)
 def device(request) -> torch.device:
     return kernel_device(request.param)
-
-
-def _dtypes(device):
-    # Triton's interpreter rounds bf16 differently from the GPU (numpy has no bf16): fp16 stands in for it there.
-    return [torch.float32, torch.bfloat16] if device.type == "cuda" else [torch.float32, torch.float16]
-
-
-def _poison(device):
-    if device.type == "cuda":
-        junk = torch.full((64 << 20,), float("nan"), device=device)
-        del junk
-
-
-def _rel(out, ref):
-    assert torch.isfinite(out).all(), "non-finite output"
-    return ((out.double() - ref.double()).norm() / ref.double().norm()).item()
 
 
 def _inputs(lead, width, dtype, device, seed):
@@ -58,14 +42,14 @@ def _inputs(lead, width, dtype, device, seed):
 def test_equals_reference(device, lead, width, group):
     from zonos_accel.triton.gated_norm import gated_rms_norm
 
-    for dtype in _dtypes(device):
+    for dtype in kernel_dtypes(device):
         x, z, w = _inputs(lead, width, dtype, device, seed=width + group)
         ref = ops.gated_rms_norm(x.double(), z.double(), w.double(), 1e-5, group)
         ref_same = ops.gated_rms_norm(x, z, w, 1e-5, group)
-        _poison(device)
+        poison_allocator(device)
         out = gated_rms_norm(x, z, w, 1e-5, group)
         assert out.shape == x.shape and out.dtype == dtype
-        assert _rel(out, ref) <= 2 * _rel(ref_same, ref) + 1e-6
+        assert rel_error(out, ref) <= 2 * rel_error(ref_same, ref) + 1e-6
 
 
 @pytest.mark.gpu
@@ -77,8 +61,8 @@ def test_many_rows(device, rows):
 
     x, z, w = _inputs((rows,), 4096, torch.bfloat16, device, seed=rows)
     ref = ops.gated_rms_norm(x.double(), z.double(), w.double(), 1e-5, 4096)
-    _poison(device)
-    assert _rel(gated_rms_norm(x, z, w, 1e-5, 4096), ref) < 4e-3
+    poison_allocator(device)
+    assert rel_error(gated_rms_norm(x, z, w, 1e-5, 4096), ref) < 4e-3
 
 
 def test_nan_stays_in_its_group(device):

@@ -11,30 +11,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.kernels import INTERPRET, TARGETS, kernel_device
+from tests.kernels import INTERPRET, TARGETS, kernel_device, kernel_dtypes, poison_allocator, rel_error
 from zonos import ops
 
 
 @pytest.fixture(scope="module", params=TARGETS)
 def device(request) -> torch.device:
     return kernel_device(request.param)
-
-
-def _dtypes(device):
-    # Triton's interpreter rounds bf16 differently from the GPU (numpy has no bf16): fp16 stands in for it there.
-    return [torch.float32, torch.bfloat16] if device.type == "cuda" else [torch.float32, torch.float16]
-
-
-def _poison(device):
-    """Fill the CUDA caching allocator's free memory with NaN, so an output element the kernel never writes shows."""
-    if device.type == "cuda":
-        junk = torch.full((64 << 20,), float("nan"), device=device)
-        del junk
-
-
-def _rel(out, ref):
-    assert torch.isfinite(out).all(), "non-finite output"
-    return ((out.double() - ref.double()).norm() / ref.double().norm()).item()
 
 
 def _inputs(b, h, p, n, g, dtype, device, seed, raw_dt=True):
@@ -71,16 +54,16 @@ def _check(device, dtype, b, h, p, n, g, seed, raw_dt=True, with_d=True):
     # The reference in the kernel's dtype: the error of storing the state in that dtype and of fp32 arithmetic.
     state_same = state.clone()
     ref_same = ops.ssd_step(state_same, x, dt, A, B, C, D, **extra)
-    _poison(device)
+    poison_allocator(device)
     y = ssd_step(state, x, dt, A, B, C, D, **extra)
     assert y.shape == x.shape and y.dtype == x.dtype and state.dtype == dtype
     floor = 1e-6
-    assert _rel(y, ref) <= 2 * _rel(ref_same, ref) + floor
-    assert _rel(state, state64) <= 2 * _rel(state_same, state64) + floor
+    assert rel_error(y, ref) <= 2 * rel_error(ref_same, ref) + floor
+    assert rel_error(state, state64) <= 2 * rel_error(state_same, state64) + floor
 
 
 def test_real_shape(device):
-    for dtype in _dtypes(device):
+    for dtype in kernel_dtypes(device):
         _check(device, dtype, 1, 64, 64, 128, 1, seed=1)
 
 
@@ -94,7 +77,7 @@ def test_real_shape(device):
     ],
 )
 def test_ragged_shapes(device, b, h, p, n, g, raw_dt, with_d):
-    for dtype in _dtypes(device):
+    for dtype in kernel_dtypes(device):
         _check(device, dtype, b, h, p, n, g, seed=7 * b + h, raw_dt=raw_dt, with_d=with_d)
 
 

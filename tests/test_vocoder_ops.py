@@ -210,7 +210,8 @@ def test_output_tiles_and_slices_do_not_change_the_sums(target, dtype, monkeypat
 def test_wide_tiles_only_where_they_fit():
     """``_blocks``' rule for the 64-channel tiles: a plain conv of 64 channels or more takes one, no wider than the
     call, once it makes enough programs; a narrower conv, a conv of a transposed conv's phase rows and a call too
-    small to fill the SMs keep the 32-channel tiles.  (The tiles' timings are in docs/BENCHMARKS.md, decisions: WIDE_TILES.)"""
+    small to fill the SMs keep the 32-channel tiles.  (The tiles' timings are in docs/BENCHMARKS.md, decisions:
+    WIDE_TILES.)"""
     pytest.importorskip("triton")
     from zonos_accel.triton import vocoder as fast
 

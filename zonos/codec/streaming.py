@@ -38,7 +38,7 @@ input sample per transposed-conv call (its history, recomputed so that every out
 in the one-shot decode: ~3% more work at 1-frame pushes; a test counts them).  The state is each conv's last
 ``(k - 1) d`` inputs (Snake's outputs), each transposed conv's last input and each residual unit's raw
 inputs whose output is not final yet.  What small chunks add is per-call cost: on CUDA the pushes are
-replayed from CUDA graphs (see :class:`StreamingDACDecoder`), and a steady 2-frame push still takes ~0.25 ms
+replayed from CUDA graphs (see :class:`StreamingDACDecoder`), and a steady 2-frame push takes ~0.25 ms
 of GPU time on an H200 (53 kernels, the convs most of it: small calls read every weight at a fraction of the
 bandwidth, in chains of dependent loads), ~6.5x the one-shot decode's cost for those frames, ~1.3x at 16-frame
 pushes and ~1x at 32 (``benchmarks/vocoder_profile.py``, ``benchmarks/streaming.py``, docs/BENCHMARKS.md).
@@ -47,7 +47,7 @@ Exactness: every output sample is computed by the same sums of the same products
 decode, so the stream equals it exactly wherever each conv kernel's summation order does not depend on
 the length of its input.  Our Triton convs (:mod:`zonos_accel.triton.vocoder`, on with the fast ops) fix
 that order per layer: on an H200 the fp16 stream equals the one-shot decode bit for bit at every push size
-(cuDNN's stream was 56.6 dB from it: cuDNN picks its algorithm by length).  The torch reference matches at
+(a cuDNN stream is 56.6 dB from it: cuDNN picks its algorithm by length).  The torch reference matches at
 118 dB in fp32 (TF32 off) and bit for bit on the CPU wherever oneDNN's order does not depend on length.
 """
 

@@ -40,7 +40,7 @@ from zonos.errors import EngineClosedError, EngineFullError, ZonosInputError
 from zonos.sampling import SamplingParams
 from zonos.streaming import AudioChunk, ChunkAssembler, playable
 
-SYNC_EVERY = 4  # steps between reads of the slots' active flags (see Engine._watch); docs/BENCHMARKS.md decisions
+SYNC_EVERY = 4  # steps between reads of the slots' flags (see _ActiveWatch); docs/BENCHMARKS.md, decisions: SYNC_EVERY
 JOIN_MARGIN_S = 0.05  # audio a running stream keeps buffered while requests join (see Engine._admit)
 _DONE = object()  # end of a handle's items
 

@@ -62,9 +62,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from zonos.ops.backend import REFERENCE, Backend
 from zonos.codec.autoencoder import DACAutoencoder, check_code_range, decode_precision, validate_codes
 from zonos.codec.dac import DAC, DACConfig, ResidualUnit, Snake1d, conv_dtype
+from zonos.ops.backend import REFERENCE, Backend
 from zonos.utils import tensor_version
 
 __all__ = ["StreamingDACDecoder", "ReceptiveField", "receptive_field"]

@@ -4,8 +4,8 @@ Teacher-forced probe: one fixed random sequence of ``--steps`` delayed code colu
 pattern of random frames, column 0 all MASK, as the decode loop starts) is forced through
 Zonos-v0.1-hybrid with random bf16 weights (``benchmarks/common.py: random_model``) after a random
 (2, 120, 2048) prefix, batch 1 with CFG (backbone batch 2, so the decode projections are M = 2). Every arm
-runs the backbone prefill and then decode steps (``guided_logits`` after each) on the same column at every step whatever it
-predicts (no sampling), on a freshly allocated inference state, eagerly (CUDA graphs off: a replay runs the
+runs the backbone prefill and then decode steps (``guided_logits`` after each) on the same column at every step
+whatever it predicts (no sampling), on a freshly allocated inference state, eagerly (CUDA graphs off: a replay runs the
 same kernels, so the same numbers), with the same op backend (``--ops``, default the Triton fast paths).
 Arms: cuBLAS (flag off), the CuTeDSL GEMV (``use_accelerators(use_cute_gemv=True)``; prefill stays on cuBLAS
 except the heads' M = 2 product of the last position), cuBLAS again after it (run-to-run noise and that

@@ -10,10 +10,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from zonos.ops.backend import REFERENCE, use_backend
 from tests.replay_on_cpu import emulate_cuda_graphs
 from tests.tiny import TINY_DAC, random_dac_weights
 from zonos.codec import DAC, DACAutoencoder, DACConfig, StreamingDACDecoder, receptive_field
+from zonos.ops.backend import REFERENCE, use_backend
 
 TINY = TINY_DAC
 HOP = 512

@@ -9,8 +9,8 @@ import importlib.util
 import pytest
 import torch
 
-from zonos.ops.backend import REFERENCE, use_backend
 from zonos.codec.dac import Snake1d
+from zonos.ops.backend import REFERENCE, use_backend
 from zonos.ops.snake import snake as reference
 
 

@@ -394,7 +394,6 @@ def _check_device(spec: str | None, args: argparse.Namespace | None = None):
     import torch
 
     from zonos.utils import default_device
-
     from zonos.validation import check_device
 
     try:

@@ -71,7 +71,9 @@ class Attention(UsesOps, nn.Module):
         )
         attention = self.ops.decode_attention if decode else self.ops.prefill_attention
         o = attention(q, cache.k, cache.v, position)
-        return self.ops.linear(o.reshape(b, l, self.num_heads * self.head_dim), self.out_proj.weight, self.out_proj.bias)
+        return self.ops.linear(
+            o.reshape(b, l, self.num_heads * self.head_dim), self.out_proj.weight, self.out_proj.bias
+        )
 
     def forward(self, u: torch.Tensor, cache: KVCache, position: torch.Tensor) -> torch.Tensor:
         """Process (b, l, d) tokens at positions ``position`` .. ``position + l - 1`` (``position`` (b,) on the

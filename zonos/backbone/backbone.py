@@ -10,10 +10,10 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from zonos.ops.backend import UsesOps
 from zonos.backbone.attention import Attention, GatedMLP, KVCache
 from zonos.backbone.mamba2 import Mamba2Cache, Mamba2Mixer
 from zonos.config import BackboneConfig
+from zonos.ops.backend import UsesOps
 
 
 class Block(UsesOps, nn.Module):
@@ -146,8 +146,8 @@ class ZonosBackbone(UsesOps, nn.Module):
     def forward(self, hidden: torch.Tensor, state: InferenceState) -> torch.Tensor:
         """Prefill: (b, l, d) embeddings that follow the tokens already consumed → (b, l, d).
 
-        The tokens go at ``state.position`` (a device tensor, one entry per row), which this advances on the device, so a
-        sequence may arrive in pieces of any sizes and each piece runs the same kernels at every position
+        The tokens go at ``state.position`` (a device tensor, one entry per row), which this advances on the device,
+        so a sequence may arrive in pieces of any sizes and each piece runs the same kernels at every position
         (graph-safe: zonos_accel.graphs replays one graph per piece size). A replayed graph does not run this
         Python, so a graph runner advances ``state.seqlen`` itself.
         """

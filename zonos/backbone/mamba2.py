@@ -9,8 +9,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from zonos.ops.backend import UsesOps
-from zonos.ops.precision import compute_dtype
 from zonos.ops.conv import conv_context
+from zonos.ops.precision import compute_dtype
 
 
 class Mamba2Cache:

@@ -8,7 +8,7 @@ not on a CUDA device still run the reference.
 |---|---|---|
 | ``ssd_step`` | the Mamba2 selective state update, one launch | ours (:mod:`.state_update`) |
 | ``gated_rms_norm`` | fused gated RMSNorm | ours (:mod:`.gated_norm`) |
-| ``ssd_scan`` | ``mamba_chunk_scan_combined`` | mamba_ssm, only when it is importable (else the torch reference, which the prefill's CUDA graphs replay; ``use_cute_scan`` for ours) |
+| ``ssd_scan`` | ``mamba_chunk_scan_combined`` | mamba_ssm when importable (else the graphed torch reference) |
 | ``conv_step`` | one kernel: shift, conv, bias, SiLU | ours (:mod:`.conv`) |
 | ``decode_attention`` | split-K GQA over rows ≤ position | ours (:mod:`.attention`) |
 | ``prefill_attention`` | flash-style causal GQA over rows ≤ position + i | ours (:mod:`.attention`) |

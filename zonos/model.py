@@ -378,8 +378,7 @@ class Zonos(UsesOps, nn.Module):
             device=self.device,
             d_model=self.config.backbone.d_model,
         )
-        audio_len = 0 if audio_prefix_codes is None else audio_prefix_codes.shape[2]
-        self._check_length(prefix.shape[1] + audio_len, max_new_tokens)
+        # (The engine checks the length against its slots' max_seqlen when the request is submitted.)
         # One seed per sequence, drawn from the caller's generator (or torch's default one): the same generator
         # state gives the same codes, whatever else the engine runs.
         device = generator.device if generator is not None else torch.device("cpu")
@@ -395,12 +394,45 @@ class Zonos(UsesOps, nn.Module):
             **settings,
         )
 
-    def submit(self, prefix_conditioning: torch.Tensor, **kwargs) -> RequestHandle:
-        """Like :meth:`generate`, but return the engine's :class:`~zonos.engine.RequestHandle` at once (thread-safe;
-        for servers): iterate it for a stream's chunks or call ``result()`` for the codes."""
-        progress_bar = kwargs.pop("progress_bar", False)
-        kwargs.pop("disable_torch_compile", None)
-        request = self._request(prefix_conditioning, **_generate_kwargs(kwargs))
+    def submit(
+        self,
+        prefix_conditioning: torch.Tensor,
+        audio_prefix_codes: torch.Tensor | None = None,
+        max_new_tokens: int = 86 * 30,
+        cfg_scale: float = 2.0,
+        batch_size: int = 1,
+        sampling_params: dict | None = None,
+        progress_bar: bool = False,
+        disable_torch_compile: bool = True,
+        callback: Callable[[torch.Tensor, int, int], bool] | None = None,
+        generator: torch.Generator | None = None,
+        stream: bool = False,
+        first_chunk_frames: int = DEFAULT_FIRST_CHUNK_FRAMES,
+        chunk_frames: int = DEFAULT_CHUNK_FRAMES,
+        logits_processor: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+        **request_options,
+    ) -> RequestHandle:
+        """:meth:`generate`'s request, returned at once as the engine's :class:`~zonos.engine.RequestHandle`
+        (thread-safe; for servers): iterate it for a stream's chunks or call ``result()`` for the codes.
+        ``request_options`` are further :class:`~zonos.engine.Request` fields (``decoder``, ``emit_prefix``,
+        ``flush``: see :mod:`zonos.longform`)."""
+        if stream:
+            check_chunk_sizes(first_chunk_frames, chunk_frames)
+        request = self._request(
+            prefix_conditioning,
+            audio_prefix_codes,
+            max_new_tokens,
+            cfg_scale,
+            batch_size,
+            sampling_params,
+            generator,
+            stream=stream,
+            first_chunk_frames=first_chunk_frames,
+            chunk_frames=chunk_frames,
+            callback=callback,
+            logits_processor=logits_processor,
+            **request_options,
+        )
         if progress_bar:
             request.progress = tqdm(total=request.max_new_tokens + N_CODEBOOKS - 2, desc="Generating", unit="frame")
         return self._engine_for(request).submit(request)
@@ -462,34 +494,28 @@ class Zonos(UsesOps, nn.Module):
 
         EOS/MASK codes in the result are replaced by 0, as upstream does, so it decodes directly.
         """
-        if stream:
-            check_chunk_sizes(first_chunk_frames, chunk_frames)
-        request = self._request(
+        handle = self.submit(
             prefix_conditioning,
             audio_prefix_codes,
             max_new_tokens,
             cfg_scale,
             batch_size,
             sampling_params,
+            progress_bar,
+            disable_torch_compile,
+            callback,
             generator,
-            stream=stream,
-            first_chunk_frames=first_chunk_frames,
-            chunk_frames=chunk_frames,
-            callback=callback,
-            logits_processor=logits_processor,
+            stream,
+            first_chunk_frames,
+            chunk_frames,
+            logits_processor,
         )
-        bar = tqdm(
-            total=request.max_new_tokens + N_CODEBOOKS - 2, desc="Generating", unit="frame", disable=not progress_bar
-        )
-        request.progress = bar if progress_bar else None
-        handle = self._engine_for(request).submit(request)
         if stream:
-            return _chunks(handle, bar)
+            return _chunks(handle)
         try:
             return handle.result()
         finally:
-            bar.close()
-            handle.cancel()
+            _close(handle)
 
     @torch.inference_mode()
     def warmup(
@@ -542,33 +568,19 @@ class Zonos(UsesOps, nn.Module):
         return time.perf_counter() - start
 
 
-def _generate_kwargs(kwargs: dict) -> dict:
-    """``generate``'s keyword arguments as :meth:`Zonos._request` takes them."""
-    positional = ("audio_prefix_codes", "max_new_tokens", "cfg_scale", "batch_size", "sampling_params", "generator")
-    defaults = dict(
-        audio_prefix_codes=None,
-        max_new_tokens=86 * 30,
-        cfg_scale=2.0,
-        batch_size=1,
-        sampling_params=None,
-        generator=None,
-    )
-    out = {k: kwargs.pop(k, defaults[k]) for k in positional}
-    stream = kwargs.get("stream", False)
-    kwargs.setdefault("first_chunk_frames", DEFAULT_FIRST_CHUNK_FRAMES)
-    kwargs.setdefault("chunk_frames", DEFAULT_CHUNK_FRAMES)
-    if stream:
-        check_chunk_sizes(kwargs["first_chunk_frames"], kwargs["chunk_frames"])
-    return {**out, **kwargs}
-
-
-def _chunks(handle: RequestHandle, bar) -> Iterator[AudioChunk]:
+def _chunks(handle: RequestHandle) -> Iterator[AudioChunk]:
     """A stream's chunks; closing the iterator (or dropping it) cancels the request."""
     try:
         yield from handle
     finally:
-        bar.close()
-        handle.cancel()
+        _close(handle)
+
+
+def _close(handle: RequestHandle) -> None:
+    """Cancel the request if it still runs, and close its progress bar."""
+    handle.cancel()
+    if handle.request.progress is not None:
+        handle.request.progress.close()
 
 
 def _stack(stacked: torch.Tensor, modules: nn.ModuleList, row_multiple: int) -> torch.Tensor:

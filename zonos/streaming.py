@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from zonos.codebook_pattern import CODEBOOK_SIZE, N_CODEBOOKS, revert_delay_pattern
+from zonos.errors import ZonosInputError
 
 
 @dataclass
@@ -44,8 +45,6 @@ class AudioChunk:
 
 def check_chunk_sizes(first_chunk_frames: int, chunk_frames: int) -> None:
     """Chunk sizes are positive integer frame counts."""
-    from zonos.errors import ZonosInputError
-
     for name, value in (("first_chunk_frames", first_chunk_frames), ("chunk_frames", chunk_frames)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ZonosInputError(f"{name} must be a positive int (frames of ~11.6 ms), got {value!r}")

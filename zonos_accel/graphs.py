@@ -100,7 +100,7 @@ class GraphCache:
 
     def step(self, slots, n: int, use: tuple[bool, ...], processors: tuple, backend) -> None:
         """The engine's decode step over the first ``n`` slots."""
-        key = ("step", id(slots), n, use, processors, backend, slots.state.caches[0].__class__, slots.delayed.dtype)
+        key = ("step", id(slots), n, use, processors, backend)
         self.run(key, lambda: slots.step(n, use, processors))
 
     def prefill(self, backbone, hidden: torch.Tensor, state) -> torch.Tensor:

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from zonos.codebook_pattern import N_CODEBOOKS, UNKNOWN, apply_delay_pattern
+from zonos.codebook_pattern import N_CODEBOOKS, UNKNOWN, apply_delay_pattern, revert_delay_pattern
 from zonos.engine.sampler import features, noise_keys, row_params_for, sample_rows, to_device
 from zonos.engine.slots import MAX_WINDOW, Slots
 from zonos.errors import EngineClosedError, EngineFullError, ZonosInputError
@@ -645,8 +645,6 @@ class Engine:
 def _frames(delayed: torch.Tensor, offset: int, eos_token_id: int) -> torch.Tensor:
     """One-shot result: frames complete once column ``offset`` is written, cut before the EOS frame when every
     row has one (upstream's length), EOS/MASK/unwritten codes as 0."""
-    from zonos.codebook_pattern import revert_delay_pattern
-
     codes = revert_delay_pattern(delayed)[..., : max(offset - N_CODEBOOKS + 1, 0)]
     eos = codes[:, 0] == eos_token_id
     if codes.shape[-1] and bool(eos.any(-1).all()):

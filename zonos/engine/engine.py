@@ -221,6 +221,8 @@ class Engine:
             raise ZonosInputError(f"slots must be a positive int, got {slots!r}")
         if isinstance(queue_size, bool) or not isinstance(queue_size, int) or queue_size < 0:
             raise ZonosInputError(f"queue_size must be a non-negative int, got {queue_size!r}")
+        if isinstance(vocoder_streams, bool) or not isinstance(vocoder_streams, int) or vocoder_streams < 1:
+            raise ZonosInputError(f"vocoder_streams must be a positive int, got {vocoder_streams!r}")
         self.model = model
         self.max_seqlen = max_seqlen or model.max_seqlen
         self.device = model.device

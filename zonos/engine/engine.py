@@ -590,13 +590,13 @@ class Engine:
         """Finish ``job`` (its result or last chunk out when ``deliver``) and free its slots."""
         if job in self._running:
             self._running.remove(job)
+        result = None
         try:
             if deliver and not job.cancelled():
                 offset = int(self.slots.offset[job.index].max())
                 if job.assembler is None:
-                    job.items.put(
-                        _frames(self.slots.delayed[job.index, :, : job.limit + 1], offset, self.model.eos_token_id)
-                    )
+                    # Put after the slots are free, so a caller that has its result sees the engine idle.
+                    result = _frames(self.slots.delayed[job.index, :, : job.limit + 1], offset, self.model.eos_token_id)
                 else:
                     job.assembler.take(self.slots.delayed[job.index, :, : offset + 1], offset)
                     job.pending.append(job.assembler.vocode(final=True))
@@ -608,16 +608,18 @@ class Engine:
             job.items.put(err)
         finally:
             self._release(job)
-            job.items.put(_DONE)
             handle = job.handle()
             if handle is not None:
                 handle.done = True
+            if result is not None:
+                job.items.put(result)
+            job.items.put(_DONE)
 
     def _fail(self, job: _Job, err: BaseException) -> None:
         if job in self._running:
             self._running.remove(job)
-        job.items.put(err)
         self._release(job)
+        job.items.put(err)
         job.items.put(_DONE)
 
     def _release(self, job: _Job) -> None:

@@ -45,9 +45,13 @@ def test_resample_matches_torchaudio(goldens, case):
     ours32 = resample(x.float(), case["orig_sr"], case["new_sr"]).numpy()
     assert ours64.shape == expected64.shape == expected32.shape
     assert np.abs(expected64).max() > 0.1  # a real signal, not silence
-    # The same windowed-sinc filter: float64 agrees to rounding, float32 to float32 rounding of the sums.
+    # The same windowed-sinc filter: float64 agrees to rounding.
     np.testing.assert_allclose(ours64, expected64, rtol=0, atol=1e-10)
-    np.testing.assert_allclose(ours32, expected32, rtol=0, atol=3e-6)
+    # In float32, torchaudio builds the filter in float32 (sines of large arguments): its output is up to 1.3e-5 from
+    # its float64 one (11025 -> 16000). Ours builds it in float64 and only filters in float32, so it stays within
+    # float32 rounding of the float64 answer, and within torchaudio's own float32 error of its float32 output.
+    np.testing.assert_allclose(ours32, expected64, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(ours32, expected32, rtol=0, atol=1e-6 + np.abs(expected32 - expected64).max())
 
 
 def test_mel_filterbank_matches_torchaudio(goldens):

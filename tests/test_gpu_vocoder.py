@@ -270,3 +270,35 @@ def test_gpu_codes_out_of_range_raise_at_flush(codec, exact):
     graphed.push(negative)
     with pytest.raises(ValueError, match=r"got values in -1\.\."):
         graphed.flush()
+
+
+def test_decoders_on_two_cuda_streams_keep_apart(exact, monkeypatch):
+    """Two streams decoded at once on two CUDA streams, on our Triton convs with every reduction split (their
+    counters) and the windows handing their convs prepared operands: each decoder's ops keep that working memory in
+    its own scratch, so each stream equals the same stream decoded alone."""
+    from zonos_accel.triton import triton_backend
+    from zonos_accel.triton import vocoder as fast
+
+    monkeypatch.setattr(fast, "_split", lambda n_groups, tiles, device: n_groups > 1)
+    codec = DACAutoencoder(CONFIG, random_dac_weights(CONFIG, seed=2), device="cuda")
+    use_backend(codec.dac, triton_backend(REFERENCE, ("conv1d", "conv_transpose1d", "sequence_tail", "snake")))
+    schedule = [11] + [2] * 8
+    codes = [codes_(1, sum(schedule), 100 + i) for i in range(2)]
+    alone = [stream(StreamingDACDecoder(codec, fp16_autocast=True, cuda_graphs=False), c, schedule) for c in codes]
+    decoders = [StreamingDACDecoder(codec, fp16_autocast=True, cuda_graphs=False) for _ in codes]
+    sides = [torch.cuda.Stream() for _ in codes]
+    main = torch.cuda.current_stream()
+    outs: list[list[torch.Tensor]] = [[], []]
+    start = 0
+    for size in schedule:  # each push launched on its side stream while the other's may still run
+        for i in range(2):
+            sides[i].wait_stream(main)
+            with torch.cuda.stream(sides[i]):
+                outs[i].append(decoders[i].push(codes[i][..., start : start + size]))
+        start += size
+    for i in range(2):
+        with torch.cuda.stream(sides[i]):
+            outs[i].append(decoders[i].flush())
+        main.wait_stream(sides[i])
+    for i in range(2):
+        assert torch.equal(torch.cat(outs[i], dim=-1), alone[i]), i

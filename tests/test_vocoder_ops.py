@@ -346,10 +346,11 @@ SPLIT_CASES = [
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_split_reduction_equals_one_program_bit_for_bit(target, dtype, monkeypatch):
     """A call with few output tiles sums its reduction groups in parallel programs, merged by the last to
-    finish; a long call sums them in one program.  Both give the same samples, bit for bit, and the split's
-    counts are back to zero after each launch (a second launch is right too)."""
+    finish; a long call sums them in one program.  Both give the same samples, bit for bit, with the counts a
+    caller's scratch keeps (back to zero after each launch: a second launch is right too) and with new ones."""
     fast, device = target
     _interpreter_limits(device, dtype)
+    scratch = reference.Scratch()
     outs = {}
     for split in (True, False):
         monkeypatch.setattr(fast, "_split", lambda n_groups, tiles, device, split=split: split and n_groups > 1)
@@ -359,23 +360,24 @@ def test_split_reduction_equals_one_program_bit_for_bit(target, dtype, monkeypat
             x, _, w, b = _conv_inputs(c_in, c_out, k, t + (k - 1) * d, 0, device, dtype, seed=c_in)
             res = _randn(2, c_out, t, device=device, dtype=dtype, seed=5)
             kwargs = dict(dilation=d, residual=res, tanh=tanh)
-            for _ in range(2):
+            for kept in (scratch, scratch, None):
                 _poison(device)
-                y = fast.conv1d(x, w, b, **kwargs, dtype=dtype)
+                y = fast.conv1d(x, w, b, **kwargs, dtype=dtype, scratch=kept)
                 outs.setdefault((split, c_in), []).append(y)
             _as_close_as_torch(y, "conv1d", x, w, b, kwargs, dtype)
         # A transposed conv: 600 channels × 2 inputs per output, 19 slices of 32 channels.
         x, _, w, b = _conv_inputs(600, 24, 16, 3, 0, device, dtype, seed=9)
         w = w.reshape(600, 24, 16)
-        for _ in range(2):
+        for kept in (scratch, scratch, None):
             _poison(device)
-            outs.setdefault((split, "t"), []).append(fast.conv_transpose1d(x, w, b, stride=8, start=4, dtype=dtype))
+            y = fast.conv_transpose1d(x, w, b, stride=8, start=4, dtype=dtype, scratch=kept)
+            outs.setdefault((split, "t"), []).append(y)
     for key, split_outs in outs.items():
         if key[0]:
             for a, b in zip(split_outs, outs[(False, key[1])]):
                 assert not a.isnan().any() and torch.equal(a, b)
-    for kept in fast._counts.values():  # keyed by the tensors' device (cuda:0, not cuda)
-        assert not any(counts.any() for counts in kept)
+    (counts,) = [kept for key, kept in scratch.kept.items() if key[0] == "split counts"]
+    assert counts and not any(c.any() for c in counts)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -495,8 +497,10 @@ def test_sequence_tail_unfolds_the_next_convs_input(target, dtype, monkeypatch):
     """``sequence_tail(..., unfold=(k, d))`` writes the window and, in the same launch, the unfolded input of the
     conv that reads it next, which takes it over: the same window and conv samples, bit for bit, as without the
     hint; in place and into a new buffer, with Snake and without, pushes shorter and longer than the history, and
-    windows of one block of samples and of several.  A conv the hint does not describe unfolds for itself."""
+    windows of one block of samples and of several.  A conv the hint does not describe, or a call without the
+    caller's scratch to hand it over in, unfolds for itself."""
     fast, device = target
+    scratch = reference.Scratch()
     alpha = (torch.rand(37, generator=torch.Generator().manual_seed(3)) * 2 + 0.1).to(device)
     w = _randn(19, 37, 7, device=device, dtype=torch.float32, seed=4, scale=(37 * 7) ** -0.5)
     b = _randn(19, device=device, dtype=torch.float32, seed=5, scale=0.1)
@@ -508,17 +512,24 @@ def test_sequence_tail_unfolds_the_next_convs_input(target, dtype, monkeypatch):
         x = _randn(2, 37, n, device=device, dtype=torch.float16, seed=kept + n, scale=3.0)
         a = alpha if snake else None
         last = _randn(2, 37, kept + n, device=device, dtype=dtype, seed=n)
+        original = last.clone()
         plain = fast.sequence_tail(last, x, kept + n, alpha=a)
         expected = fast.conv1d(plain, w, b, dilation=d, dtype=dtype)
         assert len(unfolds) == 1
         _poison(device)
-        hinted = fast.sequence_tail(last, x, kept + n, out=last if in_place else None, alpha=a, unfold=(7, d))
+        hinted = fast.sequence_tail(
+            last, x, kept + n, out=last if in_place else None, alpha=a, unfold=(7, d), scratch=scratch
+        )
         assert (hinted is last) == in_place and torch.equal(hinted, plain)
-        assert torch.equal(fast.conv1d(hinted, w, b, dilation=d, dtype=dtype), expected)
+        assert torch.equal(fast.conv1d(hinted, w, b, dilation=d, dtype=dtype, scratch=scratch), expected)
         assert len(unfolds) == 1  # taken over
-        fast.sequence_tail(plain.clone(), x, kept + n, alpha=a, unfold=(7, d))
-        assert torch.equal(fast.conv1d(hinted, w, b, dilation=d, dtype=dtype), expected)  # another window's
+        fast.sequence_tail(plain.clone(), x, kept + n, alpha=a, unfold=(7, d), scratch=scratch)
+        assert torch.equal(fast.conv1d(hinted, w, b, dilation=d, dtype=dtype, scratch=scratch), expected)  # another's
         assert len(unfolds) == 2
+        again = fast.sequence_tail(original, x, kept + n, alpha=a, unfold=(7, d))  # no scratch: nothing kept
+        assert torch.equal(again, plain)
+        assert torch.equal(fast.conv1d(again, w, b, dilation=d, dtype=dtype, scratch=scratch), expected)
+        assert len(unfolds) == 3 and not scratch.kept
         unfolds.clear()
     with pytest.raises(ValueError, match="unfold"):
         fast.sequence_tail(last, x, 3, unfold=(7, 0))
@@ -529,9 +540,10 @@ def test_sequence_tail_hands_a_tap_major_conv_its_channels_last_copy(target, dty
     """``sequence_tail(..., unfold=(k, d))`` before a tap-major conv writes, in the same launch, a channels-last copy of
     the window (not unfolded rows), which the conv takes over: the same window and conv samples, bit for bit, as
     the conv making its own copy; in place and into a new buffer, pushes shorter and longer than the history.  A
-    conv of another window does not take it."""
+    conv of another window does not take it, nor a conv given another caller's scratch."""
     fast, device = target
     _interpreter_limits(device, dtype)
+    scratch, other = reference.Scratch(), reference.Scratch()
     c = 64
     alpha = (torch.rand(c, generator=torch.Generator().manual_seed(3)) * 2 + 0.1).to(device)
     w = _randn(c, c, 7, device=device, dtype=torch.float32, seed=4, scale=(c * 7) ** -0.5)
@@ -542,16 +554,20 @@ def test_sequence_tail_hands_a_tap_major_conv_its_channels_last_copy(target, dty
         plain = fast.sequence_tail(last, x, kept + n, alpha=alpha)
         expected = fast.conv1d(plain, w, b, dilation=d, dtype=dtype)  # makes its own copy
         _poison(device)
-        hinted = fast.sequence_tail(last, x, kept + n, out=last if in_place else None, alpha=alpha, unfold=(7, d))
+        hinted = fast.sequence_tail(
+            last, x, kept + n, out=last if in_place else None, alpha=alpha, unfold=(7, d), scratch=scratch
+        )
         assert (hinted is last) == in_place and torch.equal(hinted, plain)
-        window, _, layout, copy = fast._handoff
+        window, _, layout, copy = scratch.kept[fast.HANDOFF]
         assert window is hinted and layout == ("channels-last", dtype)
         assert torch.equal(copy, plain.transpose(1, 2))
-        assert torch.equal(fast.conv1d(hinted, w, b, dilation=d, dtype=dtype), expected)
-        assert fast._handoff is None  # taken over
-        fast.sequence_tail(plain.clone(), x, kept + n, alpha=alpha, unfold=(7, d))
-        assert torch.equal(fast.conv1d(hinted, w, b, dilation=d, dtype=dtype), expected)  # another window's
-        assert fast._handoff is not None
+        assert torch.equal(fast.conv1d(hinted, w, b, dilation=d, dtype=dtype, scratch=other), expected)
+        assert fast.HANDOFF in scratch.kept and not other.kept  # another caller's scratch: not taken
+        assert torch.equal(fast.conv1d(hinted, w, b, dilation=d, dtype=dtype, scratch=scratch), expected)
+        assert fast.HANDOFF not in scratch.kept  # taken over
+        fast.sequence_tail(plain.clone(), x, kept + n, alpha=alpha, unfold=(7, d), scratch=scratch)
+        assert torch.equal(fast.conv1d(hinted, w, b, dilation=d, dtype=dtype, scratch=scratch), expected)  # another's
+        assert fast.HANDOFF not in scratch.kept  # dropped by the conv of another window
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
@@ -587,6 +603,7 @@ def test_sequence_tail_unfolds_the_next_transposed_convs_input(target, dtype, mo
     without the hint, for a steady push's span and a span that skips a crop at the start.  A span whose first
     output reads an input before the window's first (a zero) is unfolded by the transposed conv itself."""
     fast, device = target
+    scratch = reference.Scratch()
     alpha = (torch.rand(37, generator=torch.Generator().manual_seed(7)) * 2 + 0.1).to(device)
     unfolds = []
     unfold = fast._unfold
@@ -602,12 +619,16 @@ def test_sequence_tail_unfolds_the_next_transposed_convs_input(target, dtype, mo
         expected = fast.conv_transpose1d(plain, w, b, stride=stride, start=start, length=length, dtype=dtype)
         assert len(unfolds) == 1
         _poison(device)
-        hinted = fast.sequence_tail(last, x, 1 + n, out=last, alpha=alpha, unfold=(k, stride, start, length))
+        hinted = fast.sequence_tail(
+            last, x, 1 + n, out=last, alpha=alpha, unfold=(k, stride, start, length), scratch=scratch
+        )
         assert hinted is last and torch.equal(hinted, plain)
-        got = fast.conv_transpose1d(hinted, w, b, stride=stride, start=start, length=length, dtype=dtype)
+        got = fast.conv_transpose1d(
+            hinted, w, b, stride=stride, start=start, length=length, dtype=dtype, scratch=scratch
+        )
         taken = start_at >= 0
         assert torch.equal(got, expected) and len(unfolds) == 1 + (not taken)  # taken over
-        fast.conv_transpose1d(hinted, w, b, stride=stride, start=start, length=length, dtype=dtype)
+        fast.conv_transpose1d(hinted, w, b, stride=stride, start=start, length=length, dtype=dtype, scratch=scratch)
         assert len(unfolds) == 2 + (not taken)  # once only
         unfolds.clear()
 
@@ -645,7 +666,9 @@ def test_sequence_tail_keeps_raw_inputs_in_the_same_call(target, dtype):
             _poison(device)
             out, out_r = None, torch.full_like(expected_r, float("nan"))
         raw = (last_r, kept_r + n, out_r)
-        window = fast.sequence_tail(last, x, length, out=out, alpha=alpha, unfold=unfold, raw=raw)
+        window = fast.sequence_tail(
+            last, x, length, out=out, alpha=alpha, unfold=unfold, raw=raw, scratch=reference.Scratch()
+        )
         assert (window is last) == in_place
         assert torch.allclose(window, expected, rtol=2e-3, atol=1e-6)  # Snake's last bit: see above
         assert torch.equal(out_r, expected_r)

@@ -65,6 +65,7 @@ from torch import Tensor, nn
 from zonos.codec.autoencoder import DACAutoencoder, check_code_range, decode_precision, validate_codes
 from zonos.codec.dac import DAC, DACConfig, ResidualUnit, Snake1d, conv_dtype
 from zonos.ops.backend import REFERENCE, Backend
+from zonos.ops.vocoder import Scratch
 from zonos.utils import tensor_version
 
 __all__ = ["StreamingDACDecoder", "ReceptiveField", "receptive_field"]
@@ -135,6 +136,7 @@ class _Stage:
     state_attrs: tuple[str, ...] = ()
     static: bool = False
     ops: Backend = REFERENCE  # the decoder sets the codec's backend at the start of each stream
+    scratch: Scratch | None = None  # and its own scratch, passed to every op call (its fast path's working memory)
 
     def __init__(self) -> None:
         self._buffers: dict[tuple, Tensor] = {}  # (attribute, shape, dtype, device) -> fixed-address state
@@ -213,7 +215,9 @@ class _Windowed(_Stage):
         window = self._empty("window", (*x.shape[:2], length), last)
         alpha = None if self.snake is None else self.snake.alpha
         unfold = unfold or self.unfold
-        self.window = self.ops.sequence_tail(last, x, length, out=window, alpha=alpha, unfold=unfold, raw=raw)
+        self.window = self.ops.sequence_tail(
+            last, x, length, out=window, alpha=alpha, unfold=unfold, raw=raw, scratch=self.scratch
+        )
         return self.window
 
 
@@ -240,7 +244,9 @@ class _Conv(_Windowed):
         if window.shape[-1] <= self.context:
             return None
         weight, bias = _weights(self.conv, self.params)
-        return self.ops.conv1d(window, weight, bias, dilation=self.dilation, dtype=window.dtype, **kwargs)
+        return self.ops.conv1d(
+            window, weight, bias, dilation=self.dilation, dtype=window.dtype, scratch=self.scratch, **kwargs
+        )
 
     def push(self, x: Tensor) -> Tensor | None:
         return self._conv(self._next_window(x), tanh=self.tanh)
@@ -286,7 +292,7 @@ class _ResUnit(_Conv):
         if h is None:
             return None
         weight, bias = _weights(self.unit.conv2, self.params)
-        return self.ops.conv1d(h, weight, bias, residual=raw, dtype=h.dtype)
+        return self.ops.conv1d(h, weight, bias, residual=raw, dtype=h.dtype, scratch=self.scratch)
 
 
 class _ConvTranspose(_Windowed):
@@ -334,7 +340,14 @@ class _ConvTranspose(_Windowed):
             return None
         weight, bias = _weights(self.conv, self.params)
         return self.ops.conv_transpose1d(
-            window, weight, bias, stride=self.stride, start=start, length=length, dtype=window.dtype
+            window,
+            weight,
+            bias,
+            stride=self.stride,
+            start=start,
+            length=length,
+            dtype=window.dtype,
+            scratch=self.scratch,
         )
 
     def push(self, x: Tensor) -> Tensor | None:
@@ -522,6 +535,7 @@ class StreamingDACDecoder:
         self.cuda_graphs = cuda_graphs
         config = self.dac.config
         self._params = _Params()
+        self._scratch = Scratch()  # the ops' working memory for this decoder's calls alone
         self._stages = _decoder_stages(self.dac, self._params)
         self._conv_params = [
             t for s in self._all_stages() if hasattr(s, "conv") for t in (s.conv.weight, s.conv.bias) if t is not None
@@ -620,6 +634,7 @@ class StreamingDACDecoder:
         for stage in self._all_stages():
             stage.static = static
             stage.ops = self.dac.ops
+            stage.scratch = self._scratch
         autocast = torch.is_autocast_enabled(device.type)
         self._params.refresh(self._conv_params, torch.get_autocast_dtype(device.type) if autocast else None)
         if static:

@@ -10,6 +10,11 @@ one-shot decode bit for bit, in 16 bits too.
 Numerics (the reference here, and every fast path): input, weight and bias are rounded to ``dtype``; the conv
 sums in ``dtype`` (fp32 accumulation for 16-bit dtypes) and its output, bias included, is rounded to
 ``dtype``; the residual is added and rounded to ``dtype`` again, then tanh, then Snake (rounded to ``dtype``).
+
+Each op takes an optional ``scratch``: a :class:`Scratch` that one caller (a streaming decoder) passes to all its
+calls. A fast path keeps there what one call prepares for the next and its launch bookkeeping, so callers on other
+CUDA streams or threads never touch it; without one a fast path keeps nothing between calls. The reference ignores
+it.
 """
 
 from __future__ import annotations
@@ -18,6 +23,15 @@ import torch
 import torch.nn.functional as F
 
 from zonos.ops.snake import snake
+
+
+class Scratch:
+    """Working memory shared by one caller's sequence of vocoder op calls (see the module docstring). ``kept`` is
+    the fast path's: what it holds, keyed by its own names, lives as long as this object (CUDA graphs that captured
+    the calls may address it)."""
+
+    def __init__(self) -> None:
+        self.kept: dict = {}
 
 
 def _sequence(history: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
@@ -43,6 +57,7 @@ def conv1d(
     tanh: bool = False,
     alpha: torch.Tensor | None = None,
     dtype: torch.dtype | None = None,
+    scratch: Scratch | None = None,
 ) -> torch.Tensor:
     """``conv1d(pad(x), weight, bias, dilation)`` ``+ residual`` then ``tanh``, then Snake, in ``dtype``.
 
@@ -93,6 +108,7 @@ def conv_transpose1d(
     start: int = 0,
     length: int | None = None,
     dtype: torch.dtype | None = None,
+    scratch: Scratch | None = None,
 ) -> torch.Tensor:
     """Samples ``start .. start + length - 1`` of ``conv_transpose1d(x, weight, bias, stride)``.
 
@@ -119,6 +135,7 @@ def sequence_tail(
     alpha: torch.Tensor | None = None,
     unfold: tuple[int, ...] | None = None,
     raw: tuple[torch.Tensor, int, torch.Tensor] | None = None,
+    scratch: Scratch | None = None,
 ) -> torch.Tensor:
     """The last ``length`` samples of ``[history | x]`` in ``history``'s dtype, with ``snake(x, alpha)`` in place
     of ``x`` when ``alpha`` is given: a stream layer's next history, or its next input window (the kept history,
@@ -128,7 +145,8 @@ def sequence_tail(
     ``unfold=(kernel, dilation)`` says that :func:`conv1d` with that kernel size and dilation (no padding, in
     ``history``'s dtype) reads the result next; ``unfold=(kernel, stride, start, length)``, that
     :func:`conv_transpose1d` with that kernel size, stride, start and length does.  It changes nothing here; a fast
-    path may prepare that conv's operands in the same launch.
+    path may prepare that conv's operands in the same launch (in ``scratch``, for that conv's call with the same
+    ``scratch``).
 
     ``raw=(history2, length2, out2)`` also writes the last ``length2`` samples of ``[history2 | x]``, with ``x``
     as given (no Snake), into ``out2`` under the same rules as ``out``: a residual unit's raw inputs, kept beside

@@ -53,6 +53,7 @@ from triton.language.extra import libdevice
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from zonos.ops import vocoder as reference
+from zonos.ops.vocoder import Scratch
 from zonos.utils import tensor_version
 from zonos_accel.triton.snake import snake_fp32
 
@@ -584,22 +585,21 @@ def _split(n_groups: int, tiles: int, device: torch.device) -> bool:
     return n_groups > 1 and tiles < SPLIT_TILES_PER_SM * _sm_count(device)
 
 
-# Per device: each tile's count of finished groups, zero between launches (the last program resets it).  Kept
-# for good (a larger one replaces it for a call with more tiles, which only a forced split makes), as captured CUDA
-# graphs hold their address.  Launches on one device share them, so split launches must not run concurrently on
-# two CUDA streams (the decoder's run one after another on one stream).
-_counts: dict[torch.device, list[torch.Tensor]] = {}
-
-
 def _split_buffers(
-    tiles: int, n_groups: int, block_co: int, block_t: int, like: torch.Tensor
+    tiles: int, n_groups: int, block_co: int, block_t: int, like: torch.Tensor, scratch: Scratch | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(partial sums, counts) of a split launch."""
-    kept = _counts.setdefault(like.device, [])
-    if not kept or kept[-1].numel() < tiles:
-        size = max(tiles, SPLIT_TILES_PER_SM * _sm_count(like.device))
-        kept.append(torch.zeros(size, dtype=torch.int32, device=like.device))
-    counts = kept[-1]
+    """(partial sums, counts) of a split launch.  The counts are each tile's finished groups, zero between launches
+    (the last program resets them).  A caller's ``scratch`` keeps them for good (a larger one replaces them for a
+    call with more tiles, which only a forced split makes), as its captured CUDA graphs hold their address: its
+    calls run one after another, a caller on another CUDA stream has its own.  Without one they are new zeros."""
+    if scratch is None:
+        counts = torch.zeros(tiles, dtype=torch.int32, device=like.device)
+    else:
+        kept = scratch.kept.setdefault(("split counts", like.device), [])
+        if not kept or kept[-1].numel() < tiles:
+            size = max(tiles, SPLIT_TILES_PER_SM * _sm_count(like.device))
+            kept.append(torch.zeros(size, dtype=torch.int32, device=like.device))
+        counts = kept[-1]
     parts = torch.empty(tiles * n_groups * block_co * block_t, dtype=torch.float32, device=like.device)
     return parts, counts
 
@@ -671,13 +671,14 @@ def _conv_taps(
     dilation: int,
     tanh: bool,
     dtype: torch.dtype,
+    scratch: Scratch | None,
 ) -> torch.Tensor:
     """:func:`conv1d` without a residual, tap-major: on a channels-last copy of ``x`` (the one its window's
     ``sequence_tail`` made, else made here) read by TMA boxes shifted tap by tap, which also supply the padding's
     zeros, against the weights packed ``[C_out, K C_in]``."""
     c_out, c_in, k = weight.shape
     batch, n_out = x.shape[0], out.shape[-1]
-    rows = _handed_off(x, ("channels-last", dtype))
+    rows = _handed_off(x, ("channels-last", dtype), scratch)
     if rows is None:
         rows = x.to(dtype).transpose(1, 2).contiguous()
     w = _packed(weight, ("taps", dtype), lambda w: w.permute(0, 2, 1).reshape(c_out, k * c_in).to(dtype).contiguous())
@@ -751,26 +752,25 @@ def _packed(weight: torch.Tensor, layout: tuple, pack: Callable[[torch.Tensor], 
     return packed
 
 
-# The copy of its window that the last ``sequence_tail(..., unfold=...)`` wrote in its launch, for the conv that reads
-# the window next: (window, its version, the copy's layout, the copy).  The layout is ``_unfold``'s arguments after x
-# (unfolded rows) or ("channels-last", dtype) for a tap-major conv.
-_handoff: tuple | None = None
+# ``scratch.kept[HANDOFF]``: the copy of its window that the caller's last ``sequence_tail(..., unfold=...)`` wrote in
+# its launch, for the conv that reads the window next: (window, its version, the copy's layout, the copy).  The layout
+# is ``_unfold``'s arguments after x (unfolded rows) or ("channels-last", dtype) for a tap-major conv.
+HANDOFF = "handoff"
 
 
-def _handed_off(x: torch.Tensor, layout: tuple) -> torch.Tensor | None:
+def _handed_off(x: torch.Tensor, layout: tuple, scratch: Scratch | None) -> torch.Tensor | None:
     """The copy of ``x`` in ``layout`` that its ``sequence_tail`` made, if it made that one."""
-    global _handoff
-    if _handoff is not None:
-        window, version, made, copy = _handoff
+    handoff = None if scratch is None else scratch.kept.pop(HANDOFF, None)
+    if handoff is not None:
+        window, version, made, copy = handoff
         if window is x and version == tensor_version(x) and made == layout:
-            _handoff = None
             return copy
     return None
 
 
-def _unfolded(x: torch.Tensor, *layout) -> torch.Tensor:
+def _unfolded(x: torch.Tensor, *layout, scratch: Scratch | None) -> torch.Tensor:
     """``_unfold(x, *layout)`` for a dense conv: the copy its ``sequence_tail`` made if it made one, else a new one."""
-    cols = _handed_off(x, layout)
+    cols = _handed_off(x, layout, scratch)
     return _unfold(x, *layout) if cols is None else cols
 
 
@@ -806,6 +806,7 @@ def conv1d(
     tanh: bool = False,
     alpha: torch.Tensor | None = None,
     dtype: torch.dtype | None = None,
+    scratch: Scratch | None = None,
 ) -> torch.Tensor:
     """Same contract as :func:`zonos.ops.vocoder.conv1d` (the reference it is tested against; Snake bit for bit
     as :mod:`.snake` computes it)."""
@@ -838,14 +839,14 @@ def conv1d(
     if out.numel() == 0:
         return out
     if rh is out and _tap_major(c_in, k, dtype, x.device):
-        return _conv_taps(x, weight, bias, alpha, out, padding, dilation, tanh, dtype)
+        return _conv_taps(x, weight, bias, alpha, out, padding, dilation, tanh, dtype, scratch)
     kp = triton.next_power_of_2(k)
     block_co, block_ci, block_t, warps = _blocks(c_out, c_in, k, n_out, batch, 1, x.device)
     b_ptr, s_b = _bias_args(bias, weight)
     grid = (triton.cdiv(n_out, block_t), triton.cdiv(c_out, block_co), batch)
     n_groups, group = _groups(c_in, block_ci, kp)
     split = _split(n_groups, math.prod(grid), x.device)
-    parts, counts = _split_buffers(math.prod(grid), n_groups, block_co, block_t, x) if split else (out, out)
+    parts, counts = _split_buffers(math.prod(grid), n_groups, block_co, block_t, x, scratch) if split else (out, out)
     a = weight if alpha is None else alpha.reshape(c_out)
     if k == 1:  # the input's rows are the reduction's rows: dense operands without an unfolded copy
         dense = padding == 0 and x.stride(-1) == 1
@@ -853,7 +854,7 @@ def conv1d(
         dense = _dense(batch, c_in * kp, n_out, dtype)
     if dense:
         if k > 1:
-            x = _unfolded(x, k, kp, -padding, dilation, n_out, dtype)
+            x = _unfolded(x, k, kp, -padding, dilation, n_out, dtype, scratch=scratch)
         w = _packed(weight, ("conv", dtype), lambda w: _pack_conv(w, kp, dtype))
         x_args, w_args = (x.stride(0), x.stride(1), 1), (w.stride(0), 0, 0)
     else:
@@ -881,6 +882,7 @@ def conv_transpose1d(
     start: int = 0,
     length: int | None = None,
     dtype: torch.dtype | None = None,
+    scratch: Scratch | None = None,
 ) -> torch.Tensor:
     """Same contract as :func:`zonos.ops.vocoder.conv_transpose1d` (the reference it is tested against)."""
     dtype = _compute(x, weight, dtype)
@@ -904,10 +906,12 @@ def conv_transpose1d(
     grid = (triton.cdiv(n_q, block_q), triton.cdiv(c_out, block_co), batch * (stride // phases))
     n_groups, group = _groups(c_in, block_ci, mp)
     split = _split(n_groups, math.prod(grid), x.device)
-    parts, counts = _split_buffers(math.prod(grid), n_groups, block_co * phases, block_q, x) if split else (out, out)
+    parts, counts = (
+        _split_buffers(math.prod(grid), n_groups, block_co * phases, block_q, x, scratch) if split else (out, out)
+    )
     dense = _dense(batch, c_in * mp, n_q, dtype)
     if dense:  # rows c mp + m: input c at q - m, for every phase
-        x = _unfolded(x, mp, mp, q_first, -1, n_q, dtype)
+        x = _unfolded(x, mp, mp, q_first, -1, n_q, dtype, scratch=scratch)
         x_args = (x.stride(0), x.stride(1), 1)
     else:
         x_args = x.stride()
@@ -947,14 +951,15 @@ def sequence_tail(
     alpha: torch.Tensor | None = None,
     unfold: tuple[int, ...] | None = None,
     raw: tuple[torch.Tensor, int, torch.Tensor] | None = None,
+    scratch: Scratch | None = None,
 ) -> torch.Tensor:
     """Same contract as :func:`zonos.ops.vocoder.sequence_tail` (Snake bit for bit as :mod:`.snake` computes it);
     ``out`` may be the leading samples of ``history``'s buffer (a stream layer's window updated in place).  With
     ``unfold`` it also writes, in the same launch, the unfolded input of the dense conv or transposed conv that
     reads the window next (:func:`conv1d` or :func:`conv_transpose1d` takes it over instead of unfolding the window
-    itself: one launch less per layer).  ``raw`` shares the launch too whenever it keeps the same samples of ``x``
-    as the window (a residual unit's raw inputs and its conv's window both keep all of a push's samples)."""
-    global _handoff
+    itself: one launch less per layer; only with a ``scratch`` to hand it over in).  ``raw`` shares the launch too
+    whenever it keeps the same samples of ``x`` as the window (a residual unit's raw inputs and its conv's window
+    both keep all of a push's samples)."""
     if unfold is not None:
         reference.check_unfold(unfold)
     if history.dtype == torch.float64:
@@ -968,7 +973,7 @@ def sequence_tail(
         raw_history, raw_length, raw_out = raw
         raw_out = _tail_out(raw_history, x, raw_length, raw_out)
         if out.numel() == 0 or raw_out.numel() == 0 or min(raw_length, n) != min(length, n):
-            sequence_tail(raw_history, x, raw_length, out=raw_out)
+            sequence_tail(raw_history, x, raw_length, out=raw_out, scratch=scratch)
             raw = None
     if out.numel() == 0:
         return out
@@ -980,6 +985,8 @@ def sequence_tail(
     s_a = a.stride(0) if alpha is not None else 0
     block_h = max(16, triton.next_power_of_2(max(n_h, n_hr)))
     # The conv reading the window next is tap-major (it takes a channels-last copy) or dense (the unfolded rows).
+    if scratch is None:
+        unfold = None  # no caller's scratch to hand the conv its operands in
     channels_last = unfold is not None and len(unfold) == 2 and _tap_major(channels, unfold[0], out.dtype, out.device)
     layout = None if unfold is None or channels_last else _unfold_layout(unfold, length, out.dtype)
     if layout is not None and not (
@@ -1008,7 +1015,7 @@ def sequence_tail(
         enable_fp_fusion=False,  # Snake rounded as torch rounds it
     )  # fmt: skip
     if channels_last:
-        _handoff = (out, tensor_version(out), ("channels-last", out.dtype), cols)
+        scratch.kept[HANDOFF] = (out, tensor_version(out), ("channels-last", out.dtype), cols)
     elif layout is not None:
-        _handoff = (out, tensor_version(out), layout, cols)
+        scratch.kept[HANDOFF] = (out, tensor_version(out), layout, cols)
     return out

@@ -147,11 +147,11 @@ def test_16_bit_stream_is_bit_exact_with_length_independent_convs(codec, monkeyp
 def test_transposed_conv_stage_equals_the_module(k, s, p, last):
     """The transposed-conv stage on its own, kernels of one to three strides, float64: pushes of 1, 2, 3 and
     0 inputs, then the end of the stream with or without the last 3 inputs, give the module's output."""
-    from zonos.codec.streaming import _ConvTranspose, _Params
+    from zonos.codec.streaming import WeightCasts, _ConvTranspose, _Params
 
     conv = torch.nn.ConvTranspose1d(3, 2, k, stride=s, padding=p).double()
     x = torch.randn(2, 3, 9, dtype=torch.float64, generator=torch.Generator().manual_seed(k * s + p))
-    stage = _ConvTranspose(conv, _Params())
+    stage = _ConvTranspose(conv, _Params(WeightCasts()))
     outs, n = [], 0
     for size in (1, 2, 0, 3, 3)[: 5 - bool(last)]:
         outs.append(stage.push(x[..., n : n + size]))
@@ -352,6 +352,34 @@ def test_autocast_weights_cast_once_are_bit_exact(codec):
     finally:
         with torch.no_grad():
             conv.copy_(saved)
+
+
+def test_decoders_sharing_weight_casts_hold_one_copy(codec):
+    """Decoders given one :class:`WeightCasts` (an engine's) take the same fp16 copies of the conv weights, made once,
+    and each decodes exactly what a decoder with its own copies decodes, interleaved with the others."""
+    from zonos.codec.streaming import WeightCasts
+
+    casts = WeightCasts()
+    shared = [StreamingDACDecoder(codec, fp16_autocast=True, casts=casts) for _ in range(2)]
+    own = StreamingDACDecoder(codec, fp16_autocast=True)
+    codes = [random_codes(1, 20, seed=30 + i) for i in range(2)]
+    schedule = [11, 4, 4, 1]
+    outs: list[list[torch.Tensor]] = [[], []]
+    for d in shared:
+        d.reset()
+    start = 0
+    for size in schedule:  # the two streams interleaved
+        for i, d in enumerate(shared):
+            outs[i].append(d.push(codes[i][..., start : start + size]))
+        start += size
+    for i, d in enumerate(shared):
+        outs[i].append(d.flush())
+        assert torch.equal(torch.cat(outs[i], -1), stream(own, codes[i], schedule)), i
+    weight = codec.dac.decoder.conv2.weight
+    copies = {d._params(weight).data_ptr() for d in shared}
+    assert len(copies) == 1 and own._params(weight).data_ptr() not in copies
+    assert shared[0]._params(weight).dtype == torch.float16 and weight.dtype == torch.float32
+    assert len(casts._copies) == len(shared[0]._conv_params)  # one copy per weight and bias, not per decoder
 
 
 @pytest.mark.parametrize("name", ["ones", "odd_growing", "one_then_16s"])

@@ -122,6 +122,9 @@ def test_interleaved_iterators(model, prefixes, solo):
                 del live[name]
     assert torch.equal(_audio(got_a), _audio(solo[0][1]))
     assert torch.equal(_audio(got_b), _audio(solo[3][1]))
+    # The two streams had a vocoder each, back in the engine's pool, both taking weight casts from the engine's one.
+    decoders = model.engine._decoders
+    assert len(decoders) >= 2 and len({id(d._params.casts) for d in decoders}) == 1
 
 
 def test_one_shot_call_while_a_stream_is_open(model, prefixes, solo):

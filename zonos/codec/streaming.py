@@ -68,7 +68,7 @@ from zonos.ops.backend import REFERENCE, Backend
 from zonos.ops.vocoder import Scratch
 from zonos.utils import tensor_version
 
-__all__ = ["StreamingDACDecoder", "ReceptiveField", "receptive_field"]
+__all__ = ["StreamingDACDecoder", "WeightCasts", "ReceptiveField", "receptive_field"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -77,42 +77,65 @@ __all__ = ["StreamingDACDecoder", "ReceptiveField", "receptive_field"]
 # ---------------------------------------------------------------------------------------------
 
 
-class _Params:
-    """The conv parameters as the stages hand them to ``F.conv1d`` / ``F.conv_transpose1d``.
+class WeightCasts:
+    """A codec's conv weights cast for autocast streams, shared by the streaming decoders given it (an engine's:
+    one copy of the decoder's ~55 M weights, 110 MB in fp16, and of the fast convs' packed forms of them, instead
+    of one per decoder).
 
-    Under autocast every conv call casts its fp32 weight and bias to fp16 anew (autocast caches the
-    casts only of parameters that require grad): for a push of a few frames that re-reads the whole
-    decoder's weights (~55 M, 218 MB in fp32) and launches a cast per tensor.  While autocast is on,
-    the stages get instead copies cast once per stream by :meth:`refresh` (in place when the weights
-    kept their storage).  Autocast casts with the same ``.to(dtype)``, so
-    the results are bit for bit those of casting in every call.
+    Under autocast every conv call casts its fp32 weight and bias to fp16 anew (autocast caches the casts only of
+    parameters that require grad): for a push of a few frames that re-reads the whole decoder's weights (218 MB in
+    fp32) and launches a cast per tensor.  The stages get instead these copies, made current at each stream's start
+    by :meth:`refresh` (in place when the weights kept their storage).  Autocast casts with the same ``.to(dtype)``,
+    so the results are bit for bit those of casting in every call.
     """
 
     def __init__(self) -> None:
+        self._copies: dict[tuple[Tensor, torch.dtype], tuple[Tensor, int, int]] = {}  # -> (copy, data_ptr, version)
+
+    def get(self, p: Tensor, dtype: torch.dtype) -> Tensor:
+        copy = self._copies.get((p, dtype))
+        return p if copy is None else copy[0]
+
+    def refresh(self, params: Sequence[Tensor], dtype: torch.dtype) -> None:
+        """Make the ``dtype`` copies of ``params`` current (written on the current stream, which is then
+        synchronized, so that decoders on other CUDA streams may read them)."""
+        changed = False
+        for p in params:
+            if p.dtype in (dtype, torch.float64) or not p.is_floating_point():
+                continue  # autocast passes these on as they are
+            copy, ptr, version = self._copies.get((p, dtype), (None, 0, 0))
+            if copy is None or copy.shape != p.shape or copy.device != p.device:
+                copy, changed = p.to(dtype), True
+            elif (ptr, version) != (p.data_ptr(), tensor_version(p)):
+                copy.copy_(p)  # new values: decoders drop their graphs (the copy's version changed)
+                changed = True
+            self._copies[(p, dtype)] = (copy, p.data_ptr(), tensor_version(p))
+        devices = {p.device for p in params if p.is_cuda}
+        if changed and devices:
+            # Decoders on other CUDA streams read the copies next: they must be written (once per weight change).
+            for device in devices:
+                torch.cuda.current_stream(device).synchronize()
+
+
+class _Params:
+    """The conv parameters as one decoder's stages hand them to the ops: the :class:`WeightCasts` copies while its
+    stream is decoded under autocast, else the parameters themselves."""
+
+    def __init__(self, casts: WeightCasts) -> None:
         self.enabled = True
+        self.casts = casts
         self.dtype: torch.dtype | None = None  # the autocast dtype of the current stream, None: no casts
-        self._copies: dict[Tensor, tuple[Tensor, int, int]] = {}  # param -> (copy, its data_ptr, version)
 
     def __call__(self, p: Tensor | None) -> Tensor | None:
         if self.dtype is None or p is None:
             return p
-        copy = self._copies.get(p)
-        return p if copy is None else copy[0]
+        return self.casts.get(p, self.dtype)
 
     def refresh(self, params: Sequence[Tensor], dtype: torch.dtype | None) -> None:
         """Make the copies current for a stream decoded under autocast to ``dtype`` (None: none)."""
         self.dtype = dtype if self.enabled else None
-        if self.dtype is None:
-            return
-        for p in params:
-            if p.dtype in (self.dtype, torch.float64) or not p.is_floating_point():
-                continue  # autocast passes these on as they are
-            copy, ptr, version = self._copies.get(p, (None, 0, 0))
-            if copy is None or copy.shape != p.shape or copy.device != p.device or copy.dtype != self.dtype:
-                copy = p.to(self.dtype)
-            elif (ptr, version) != (p.data_ptr(), tensor_version(p)):
-                copy.copy_(p)  # new values: the decoder drops its graphs (the copy's version changed)
-            self._copies[p] = (copy, p.data_ptr(), tensor_version(p))
+        if self.dtype is not None:
+            self.casts.refresh(params, self.dtype)
 
 
 class _Stage:
@@ -397,7 +420,7 @@ def _flush(stages: Sequence[_Stage]) -> Tensor | None:
 def _decoder_stages(dac: DAC, params: _Params | None = None) -> list[_Stage]:
     """Streaming stages sharing the modules (hence weights) of ``dac.decoder``, in forward order: the calls
     of the one-shot :class:`~zonos.codec.dac.Decoder` on ``[history | new]`` windows."""
-    params = params or _Params()
+    params = params or _Params(WeightCasts())
     dec = dac.decoder
     stages: list[_Stage] = [_Conv(dec.conv1, params)]
     for block in dec.block:
@@ -525,16 +548,23 @@ class StreamingDACDecoder:
     :meth:`reset` keeps them (and the state buffers they address), so later streams of the same
     schedule replay every push; they are dropped when the codec's weights change or move.  The
     stages, run eagerly on the CPU and for the first occurrences, are the reference.
+
+    ``casts``: the :class:`WeightCasts` to take autocast weight copies from, shared with other decoders of the same
+    codec (default: this decoder's own).
     """
 
     def __init__(
-        self, codec: DACAutoencoder | DAC, fp16_autocast: bool | None = None, cuda_graphs: bool = True
+        self,
+        codec: DACAutoencoder | DAC,
+        fp16_autocast: bool | None = None,
+        cuda_graphs: bool = True,
+        casts: WeightCasts | None = None,
     ) -> None:
         self.dac: DAC = codec.dac if isinstance(codec, DACAutoencoder) else codec
         self.fp16_autocast = fp16_autocast
         self.cuda_graphs = cuda_graphs
         config = self.dac.config
-        self._params = _Params()
+        self._params = _Params(casts if casts is not None else WeightCasts())
         self._scratch = Scratch()  # the ops' working memory for this decoder's calls alone
         self._stages = _decoder_stages(self.dac, self._params)
         self._conv_params = [

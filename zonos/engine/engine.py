@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 import torch
 
 from zonos.codebook_pattern import N_CODEBOOKS, UNKNOWN, apply_delay_pattern, revert_delay_pattern
+from zonos.codec.streaming import StreamingDACDecoder, WeightCasts
 from zonos.engine.sampler import features, noise_keys, row_params_for, sample_rows, to_device
 from zonos.engine.slots import MAX_WINDOW, Slots
 from zonos.errors import EngineClosedError, EngineFullError, ZonosInputError
@@ -238,6 +239,7 @@ class Engine:
         self._free = list(range(slots))
         self._processors: list[Callable] = []
         self._decoders: list = []  # idle streaming vocoders, reused (with their CUDA graphs) by later streams
+        self._casts = WeightCasts()  # the codec's weights cast once for all of them
         self._cv = threading.Condition()
         self._work = threading.RLock()  # held while the worker touches the model (accelerator switches wait)
         self._closed = False
@@ -504,12 +506,10 @@ class Engine:
             return self.model.backbone(hidden, self.staging)
         return self.graphs.prefill(self.model.backbone, hidden, self.staging)
 
-    def _decoder(self):
-        from zonos.codec.streaming import StreamingDACDecoder
-
+    def _decoder(self) -> StreamingDACDecoder:
         if self._decoders:
             return self._decoders.pop()
-        return StreamingDACDecoder(self.model.autoencoder, cuda_graphs=self.vocoder_graphs)
+        return StreamingDACDecoder(self.model.autoencoder, cuda_graphs=self.vocoder_graphs, casts=self._casts)
 
     def _step(self) -> None:
         started = time.perf_counter()

@@ -741,13 +741,17 @@ _packs: dict[tuple, tuple[torch.Tensor, int, int]] = {}
 def _packed(weight: torch.Tensor, layout: tuple, pack: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
     key = (id(weight), *layout)
     entry = _packs.get(key)
+    if entry is not None and entry[1:] == (weight.data_ptr(), tensor_version(weight)):
+        return entry[0]
     if entry is None:
         packed = pack(weight)
         weakref.finalize(weight, _packs.pop, key, None)
     else:
         packed = entry[0]
-        if entry[1:] != (weight.data_ptr(), tensor_version(weight)):
-            packed.copy_(pack(weight))
+        packed.copy_(pack(weight))
+    if packed.is_cuda and not torch.cuda.is_current_stream_capturing():
+        # Calls on other CUDA streams (other streaming decoders) read it next: it must be written (once per weight).
+        torch.cuda.current_stream(packed.device).synchronize()
     _packs[key] = (packed, weight.data_ptr(), tensor_version(weight))
     return packed
 

@@ -226,3 +226,48 @@ def test_backend_switch_takes_effect_at_the_next_request(model, prefixes, solo):
     n = len(calls)
     model.generate(prefixes[0], **_kwargs(0))
     assert len(calls) == n
+
+
+def test_vocoder_batching_gives_each_stream_its_solo_audio(model, prefixes):
+    """With ``vocoder_batching`` the steady chunks of concurrent streams (joining at different steps, so their
+    chunks are first steered onto the engine's ticks) are pushed together as rows of one decoder, and streams leave
+    the bank at their ends: each stream's codes and audio equal the stream alone on an engine without banks."""
+    long = dict(max_new_tokens=60, stream=True, chunk_frames=4)
+    alone = [list(model.generate(p, **_kwargs(i, **long))) for i, p in enumerate(prefixes)]
+    engine = model.start_engine(slots=4, vocoder_batching=True)
+    try:
+        handles = {}
+
+        def submitter(i):
+            def callback(frame, step, total):
+                if step == 3 * i + 2 and i + 1 < len(prefixes) and i + 1 not in handles:
+                    handles[i + 1] = model.submit(prefixes[i + 1], **_kwargs(i + 1, callback=submitter(i + 1), **long))
+                return True
+
+            return callback
+
+        handles[0] = model.submit(prefixes[0], **_kwargs(0, callback=submitter(0), **long))
+        got = {}
+        while len(got) < len(prefixes):
+            for i in [i for i in list(handles) if i not in got]:
+                got[i] = list(handles[i])
+        for i in range(len(prefixes)):
+            codes = torch.cat([c.codes for c in got[i]], -1)
+            assert torch.equal(codes, torch.cat([c.codes for c in alone[i]], -1)), i
+            assert torch.equal(_audio(got[i]), _audio(alone[i])), i
+        vocoding = engine._vocoding
+        assert vocoding.rows_pushed > vocoding.pushes > 0  # some pushes were of several streams
+        assert not vocoding.members[4]  # all left
+        # A banked stream cancelled: the other rows go on as they would alone.
+        victim = model.submit(prefixes[1], **_kwargs(1, **long))
+        other = model.submit(prefixes[0], **_kwargs(0, **long))
+        it, before = iter(victim), vocoding.rows_pushed
+        while vocoding.rows_pushed < before + 4:  # both banked by now
+            next(it)
+        victim.cancel()
+        assert torch.equal(_audio(list(other)), _audio(alone[0]))
+        assert not vocoding.members[4] and not engine.busy
+        sizes = {c.codes.shape[-1] for chunks in got.values() for c in chunks}
+        assert 4 in sizes and sizes != {c.codes.shape[-1] for chunks in alone for c in chunks}  # steered
+    finally:
+        model.start_engine(slots=4)

@@ -218,18 +218,30 @@ class Zonos(UsesOps, nn.Module):
         return self._engine
 
     def start_engine(
-        self, slots: int = DEFAULT_SLOTS, max_seqlen: int | None = None, queue_size: int = 256, vocoder_streams: int = 4
+        self,
+        slots: int = DEFAULT_SLOTS,
+        max_seqlen: int | None = None,
+        queue_size: int = 256,
+        vocoder_streams: int = 4,
+        vocoder_batching: bool = False,
     ) -> Engine:
         """(Re)create the engine with ``slots`` decode slots of up to ``max_seqlen`` tokens (default: the
         model's) and room for ``queue_size`` waiting requests; memory for them is allocated (and checked) now. A
         previous engine is shut down (its requests are cancelled). ``vocoder_streams``: CUDA streams the
-        streaming vocoders spread over."""
+        streaming vocoders spread over; ``vocoder_batching``: push the steady chunks of concurrent streams together
+        (see :class:`~zonos.engine.Engine`)."""
         old = self._engine
         if old is not None:
             old.shutdown()
             self._engine = None
         self._engine = Engine(
-            self, slots, max_seqlen or self.max_seqlen, queue_size, graphs=self._graphs, vocoder_streams=vocoder_streams
+            self,
+            slots,
+            max_seqlen or self.max_seqlen,
+            queue_size,
+            graphs=self._graphs,
+            vocoder_streams=vocoder_streams,
+            vocoder_batching=vocoder_batching,
         )
         return self._engine
 

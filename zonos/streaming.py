@@ -129,10 +129,15 @@ class ChunkAssembler:
         self.ready.append(playable(new))
         self.accepted += new.shape[-1]
 
-    def vocode(self, final: bool) -> tuple[AudioChunk, torch.cuda.Event | None]:
-        """Push the taken frames (and with ``final`` flush the decoder's tail) into the next chunk."""
+    def take_ready(self) -> torch.Tensor | None:
+        """The taken frames not yet pushed (b, 9, n), handed over for a push (None: none)."""
         codes = torch.cat(self.ready, dim=-1) if self.ready else None
         self.ready.clear()
+        return codes
+
+    def vocode(self, final: bool) -> tuple[AudioChunk, torch.cuda.Event | None]:
+        """Push the taken frames (and with ``final`` flush the decoder's tail) into the next chunk."""
+        codes = self.take_ready()
         device = next(self.decoder.dac.parameters()).device
 
         def run() -> torch.Tensor:
@@ -157,6 +162,10 @@ class ChunkAssembler:
             audio = host
         if codes is None:
             codes = torch.zeros(audio.shape[0], N_CODEBOOKS, 0, dtype=torch.long, device=device)
+        return self.pushed_chunk(codes, audio, final), event
+
+    def pushed_chunk(self, codes: torch.Tensor, audio: torch.Tensor, final: bool = False) -> AudioChunk:
+        """The chunk of ``codes`` (pushed here or by a bank) and their ``audio``; the schedule moves on."""
         n = codes.shape[-1]
         chunk = AudioChunk(
             audio, codes, (self.pushed, self.pushed + n), (self.samples, self.samples + audio.shape[-1]), final
@@ -166,4 +175,4 @@ class ChunkAssembler:
         if not final:
             self.size = min(2 * self.size, self.chunk_frames)
             self.next_push = self.accepted + self.size
-        return chunk, event
+        return chunk

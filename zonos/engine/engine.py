@@ -37,6 +37,7 @@ from zonos.codebook_pattern import N_CODEBOOKS, UNKNOWN, apply_delay_pattern, re
 from zonos.codec.streaming import StreamingDACDecoder, WeightCasts
 from zonos.engine.sampler import features, noise_keys, row_params_for, sample_rows, to_device
 from zonos.engine.slots import MAX_WINDOW, Slots
+from zonos.engine.vocoding import RAMP, BankedVocoding
 from zonos.errors import EngineClosedError, EngineFullError, ZonosInputError
 from zonos.sampling import SamplingParams
 from zonos.streaming import AudioChunk, ChunkAssembler, playable
@@ -184,6 +185,8 @@ class _Job:
         self.decoder = None
         self.pending: deque[tuple[AudioChunk, object]] = deque()  # chunks whose audio is still on its way
         self.first_audio: float | None = None  # perf_counter when the first chunk was handed out
+        self.bank_phase: str | None = None  # on its way into a vocoder bank, or in one (zonos.engine.vocoding)
+        self.row: int | None = None  # its row in that bank
         self.audio_out = 0.0  # seconds of audio handed out
 
     def cancelled(self) -> bool:
@@ -207,6 +210,8 @@ class Engine:
         queue_size: requests that may wait for a slot; a submit beyond raises :class:`EngineFullError`.
         graphs: a CUDA-graph cache (``zonos_accel.graphs.GraphCache``) or None for eager steps.
         vocoder_streams: CUDA streams the streaming vocoders run on (round-robin over requests).
+        vocoder_batching: push the steady chunks of all batch-1 streams together, as rows of one decoder
+            (:mod:`zonos.engine.vocoding`); the audio is the same.
     """
 
     def __init__(
@@ -217,6 +222,7 @@ class Engine:
         queue_size: int = 256,
         graphs=None,
         vocoder_streams: int = 4,
+        vocoder_batching: bool = False,
     ):
         if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
             raise ZonosInputError(f"slots must be a positive int, got {slots!r}")
@@ -251,6 +257,12 @@ class Engine:
         self._sides = [torch.cuda.Stream(self.device) for _ in range(vocoder_streams)] if cuda else []
         self._next_side = 0
         self._watch = _ActiveWatch(slots, self.device)
+        self._vocoding = None
+        if vocoder_batching:
+            self._vocoding = BankedVocoding(
+                model.autoencoder, slots, self.vocoder_graphs, self._casts, self._decoder, self._free_decoder,
+                self._side_stream,
+            )  # fmt: skip
         self.steps = 0  # decode steps run
         self.step_seconds = 0.0  # host time in them (wall: launches, or the whole step on the CPU)
 
@@ -325,6 +337,9 @@ class Engine:
             self.graphs = graphs
             self.vocoder_graphs = graphs is not None
             self._decoders.clear()
+            if self._vocoding is not None:
+                self._vocoding.cuda_graphs = self.vocoder_graphs
+                self._vocoding.drop_idle()
 
     def prepare_prefill(self) -> None:
         """Capture every prefill piece size now (with graphs on), so no request of any prompt length captures."""
@@ -493,6 +508,8 @@ class Engine:
                 skip_frames=0 if r.emit_prefix else audio_len,
                 flush=r.flush,
             )
+            if self._vocoding is not None and self._vocoding.eligible(r):
+                job.bank_phase = RAMP
 
     def _side_stream(self):
         if not self._sides:
@@ -510,6 +527,11 @@ class Engine:
         if self._decoders:
             return self._decoders.pop()
         return StreamingDACDecoder(self.model.autoencoder, cuda_graphs=self.vocoder_graphs, casts=self._casts)
+
+    def _free_decoder(self, decoder: StreamingDACDecoder) -> None:
+        """Back to the pool (with its CUDA graphs) for a later stream."""
+        decoder.reset()
+        self._decoders.append(decoder)
 
     def _step(self) -> None:
         started = time.perf_counter()
@@ -530,6 +552,8 @@ class Engine:
                 job.steps += 1
         for job in list(self._running):
             self._after_step(job)
+        if self._vocoding is not None and self._vocoding.due:
+            self._vocoding.push_due(self._delayed, self._hand_out, lambda job: self._end(job, deliver=True))
         seen = self._watch.poll(self.steps, slots.active, slots.stopping)
         if seen is not None:
             as_of, ended, stopped = seen
@@ -554,12 +578,16 @@ class Engine:
                     return
             if job.assembler is not None:
                 self._hand_out(job)
-                if job.assembler.due(job.offset):
+                if job.assembler.due(job.offset) and job.row is not None:
+                    self._vocoding.due.append(job)  # pushed with its bank's other rows after this step
+                elif job.assembler.due(job.offset):
                     job.assembler.take(self._delayed(job), job.offset, job.eos_free)
                     if job.assembler.finished:
                         self._end(job, deliver=True)
                         return
                     job.pending.append(job.assembler.vocode(final=False))
+                    if job.bank_phase is not None:
+                        self._vocoding.after_solo_push(job, self.steps)
                     self._hand_out(job, wait_first=True)
             if job.offset >= job.limit:
                 self._end(job, deliver=True)
@@ -592,6 +620,8 @@ class Engine:
             self._running.remove(job)
         result = None
         try:
+            if job.row is not None:
+                self._vocoding.leave(job, keep=deliver and not job.cancelled())
             if deliver and not job.cancelled():
                 offset = int(self.slots.offset[job.index].max())
                 if job.assembler is None:
@@ -623,6 +653,8 @@ class Engine:
         job.items.put(_DONE)
 
     def _release(self, job: _Job) -> None:
+        if job.row is not None:
+            self._vocoding.leave(job, keep=False)
         for s in job.slots:
             self.slots.release(s)
         with self._cv:
@@ -632,8 +664,7 @@ class Engine:
             if job.assembler is not None and job.assembler.side is not None:
                 job.assembler.side.synchronize()
             if job.decoder is not job.request.decoder:  # the engine's own: back to the pool
-                job.decoder.reset()
-                self._decoders.append(job.decoder)
+                self._free_decoder(job.decoder)
             job.decoder = None
 
     def _close_all(self) -> None:

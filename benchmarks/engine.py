@@ -6,13 +6,14 @@ exactly --frames frames), a random --prefix-token conditioning per request. For 
 requests arrive over --ramp seconds (uniformly, in a random order); one consumer thread per request records when
 each chunk arrives.
 
-    python benchmarks/engine.py [--slots 1 8 32 64 128 256] [--frames 300] [--gemv]
+    python benchmarks/engine.py [--slots 1 8 32 64 128 256] [--frames 300] [--gemv] [--vocoder-batching off on]
 
 Per S it reports: decode steps per second and wall ms per step; aggregate real-time streams (audio seconds
 produced per wall second while requests ran); the share of streams produced faster than real time; TTFA p50/p99
 (submit to first chunk); late chunks (a chunk is late when it arrives after the audio handed out before it has
 finished playing); and the bytes a step must move (weights once, every busy row's SSM state read and written, the
-KV rows attention reads) over the measured step time, against the read bandwidth floor.
+KV rows attention reads) over the measured step time, against the read bandwidth floor. Each S runs with the
+engine's vocoder_batching off and on (the streams' steady chunks pushed together: chunks per bank push shown).
 """
 
 from __future__ import annotations
@@ -52,10 +53,23 @@ def step_bytes(model, rows: int, kv_len: int) -> int:
 
 
 def run(
-    model, slots: int, frames: int, prefix_tokens: int, ramp: float, processor, seed: int, vocoder_streams: int
+    model,
+    slots: int,
+    frames: int,
+    prefix_tokens: int,
+    ramp: float,
+    processor,
+    seed: int,
+    vocoder_streams: int,
+    batching: bool,
 ) -> dict:
+    torch.cuda.reset_peak_memory_stats()
     model.start_engine(
-        slots=slots, max_seqlen=prefix_tokens + frames + 16, queue_size=2 * slots, vocoder_streams=vocoder_streams
+        slots=slots,
+        max_seqlen=prefix_tokens + frames + 16,
+        queue_size=2 * slots,
+        vocoder_streams=vocoder_streams,
+        vocoder_batching=batching,
     )
     engine = model.engine
     d = model.config.backbone.d_model
@@ -112,10 +126,12 @@ def run(
         realtime += (rec["end"] - first) <= length
     step_s = wall / max(steps, 1)
     floor = step_bytes(model, 2 * slots, prefix_tokens + frames // 2) / READ_BANDWIDTH
+    vocoding = engine._vocoding
     model.engine.shutdown()
     return {
         "slots": slots,
         "vocoder streams": vocoder_streams,
+        "chunks per bank push": vocoding.rows_pushed / max(vocoding.pushes, 1) if vocoding is not None else 0.0,
         "steps/s": steps / wall,
         "ms/step": step_s * 1e3,
         "floor ms/step (full bucket)": floor * 1e3,
@@ -137,6 +153,13 @@ def main() -> None:
     ap.add_argument("--gemv", action="store_true", help="use_cute_gemv=True (decode projections of <= 8 rows)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--vocoder-streams", type=int, nargs="+", default=[4], help="CUDA streams for the vocoders")
+    ap.add_argument(
+        "--vocoder-batching",
+        choices=["off", "on"],
+        nargs="+",
+        default=["off", "on"],
+        help="engine vocoder_batching settings to run side by side (steady chunks pushed together)",
+    )
     args = ap.parse_args()
     model = random_model("hybrid")
     model.use_accelerators(use_cute_gemv=True) if args.gemv else model.use_accelerators()
@@ -144,9 +167,11 @@ def main() -> None:
     processor = no_eos(model.eos_token_id)
     rows = []
     for s in args.slots:
-        for v in args.vocoder_streams:
+        for v, batching in [(v, b == "on") for v in args.vocoder_streams for b in args.vocoder_batching]:
             try:
-                rows.append(run(model, s, args.frames, args.prefix_tokens, args.ramp, processor, args.seed, v))
+                rows.append(
+                    run(model, s, args.frames, args.prefix_tokens, args.ramp, processor, args.seed, v, batching)
+                )
             except Exception as err:  # noqa: BLE001 - report and go on to the next size
                 traceback.print_exception(err)
                 print(f"slots={s}: {type(err).__name__}: {err}")

@@ -76,7 +76,8 @@ class ServerSettings:
         max_body_bytes: largest JSON body of ``/v1/audio/speech``.
         max_upload_bytes: largest body of the endpoints that take audio (voices, native speech).
         rate_limit: requests per minute per API key (or per client address without a key); None: no limit.
-        slots, queue_size, max_seqlen: the engine's (``model.start_engine``); slots None keeps the model's engine.
+        slots, vocoder_batching, queue_size, max_seqlen: the engine's (``model.start_engine``); slots None keeps the
+            model's engine.
         max_new_tokens: most frames one text segment may take (also capped by the engine's ``max_seqlen``).
         segment_chars: long text is split into segments of at most this many characters (~14 s of English each,
             so that ``zonos.longform``'s segments, which carry the previous one, fit 4096 positions).
@@ -94,6 +95,7 @@ class ServerSettings:
     max_upload_bytes: int = 16 * 2**20
     rate_limit: float | None = 120.0
     slots: int | None = 8
+    vocoder_batching: bool = False
     queue_size: int = 64
     max_seqlen: int | None = None
     max_new_tokens: int = 86 * 30
@@ -574,7 +576,12 @@ def create_app(load_model: Callable[[], Any], settings: ServerSettings | None = 
     def start() -> _Service:
         model = load_model()
         if settings.slots is not None:
-            model.start_engine(slots=settings.slots, max_seqlen=settings.max_seqlen, queue_size=settings.queue_size)
+            model.start_engine(
+                slots=settings.slots,
+                max_seqlen=settings.max_seqlen,
+                queue_size=settings.queue_size,
+                vocoder_batching=settings.vocoder_batching,
+            )
         if settings.warmup and model.device.type == "cuda":
             model.warmup(progress_bar=False, all_prefill_lengths=True)
         return _Service(model, settings)

@@ -34,6 +34,11 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         help="where POST /v1/audio/voices stores voice files, and named voices are read from",
     )
     p.add_argument("--slots", type=int, default=8, help="requests decoded together (engine slots)")
+    p.add_argument(
+        "--vocoder-batching",
+        action="store_true",
+        help="push the steady audio chunks of concurrent streams through one batched vocoder call (same audio)",
+    )
     p.add_argument("--queue-size", type=int, default=64, help="requests that may wait for a slot before 503s")
     p.add_argument("--max-seqlen", type=int, default=None, help="positions per slot (default: the model's, 4096)")
     p.add_argument("--max-input-chars", type=int, default=4096, help="longest input text per request")
@@ -78,6 +83,7 @@ def serve_main(argv: Sequence[str] | None = None, prog: str = "zonos-tts serve")
         max_input_chars=args.max_input_chars,
         rate_limit=args.rate_limit or None,
         slots=args.slots,
+        vocoder_batching=args.vocoder_batching,
         queue_size=args.queue_size,
         max_seqlen=args.max_seqlen,
         warmup=not args.no_warmup,

@@ -267,7 +267,20 @@ def test_vocoder_batching_gives_each_stream_its_solo_audio(model, prefixes):
         victim.cancel()
         assert torch.equal(_audio(list(other)), _audio(alone[0]))
         assert not vocoding.members[4] and not engine.busy
+        # A backend switch: the next banked stream's pushes run the new backend's convs.
+        calls = []
+
+        def counting_conv1d(*args, **kwargs):
+            calls.append(1)
+            return REFERENCE.conv1d(*args, **kwargs)
+
+        switched = REFERENCE.replace("counting", conv1d=counting_conv1d)
+        model.set_backend(switched)
+        pushes = vocoding.pushes
+        assert torch.equal(_audio(list(model.generate(prefixes[0], **_kwargs(0, **long)))), _audio(alone[0]))
+        assert vocoding.pushes > pushes and calls and vocoding.banks[4][0].decoder._stages[0].ops is switched
         sizes = {c.codes.shape[-1] for chunks in got.values() for c in chunks}
         assert 4 in sizes and sizes != {c.codes.shape[-1] for chunks in alone for c in chunks}  # steered
     finally:
+        model.set_backend(REFERENCE)
         model.start_engine(slots=4)

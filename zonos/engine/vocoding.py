@@ -75,6 +75,8 @@ class BankedVocoding:
 
     def _enter(self, job) -> None:
         c = job.assembler.chunk_frames
+        if c in self.banks and not self.members[c] and self._stale(self.banks[c][0]):
+            del self.banks[c], self.members[c]
         if c not in self.banks:
             bank = DecoderBank(self.codec, self.rows, c, cuda_graphs=self.cuda_graphs, casts=self.casts)
             self.banks[c] = (bank, self._side())
@@ -86,6 +88,10 @@ class BankedVocoding:
         job.decoder = job.assembler.decoder = None
         self.members[c].append(job)
         job.bank_phase = BANKED
+
+    def _stale(self, bank: DecoderBank) -> bool:
+        """Whether an idle bank's decoder replays other settings than new streams use (graphs off, another backend)."""
+        return bank.decoder.cuda_graphs != self.cuda_graphs or bank.decoder._stages[0].ops is not self.codec.dac.ops
 
     def leave(self, job, keep: bool) -> None:
         """Take ``job`` out of its bank; with ``keep`` its state goes on in a decoder of its own (for its last push)."""

@@ -108,12 +108,12 @@ class ModelLoader:
 
 def app_builder(args: dict[str, str]):
     """``serve run zonos.serve.ray_app:app_builder key=value ...``: model, codec, random (hybrid|transformer),
-    device, max_seqlen, slots, queue_size, replicas (fixed count) or min_replicas/max_replicas, gpus (per
-    replica), api_key, voices_dir, rate_limit (per minute; 0 none)."""
+    device, max_seqlen, slots, vocoder_batching (0 or 1), queue_size, replicas (fixed count) or
+    min_replicas/max_replicas, gpus (per replica), api_key, voices_dir, rate_limit (per minute; 0 none)."""
     from pathlib import Path
 
-    known = {"model", "codec", "random", "device", "max_seqlen", "slots", "queue_size", "replicas", "min_replicas",
-             "max_replicas", "gpus", "api_key", "voices_dir", "rate_limit"}
+    known = {"model", "codec", "random", "device", "max_seqlen", "slots", "vocoder_batching", "queue_size", "replicas",
+             "min_replicas", "max_replicas", "gpus", "api_key", "voices_dir", "rate_limit"}
     unknown = sorted(set(args) - known)
     if unknown:
         raise ValueError(f"unknown argument(s) {', '.join(unknown)}: use {', '.join(sorted(known))}")
@@ -121,6 +121,7 @@ def app_builder(args: dict[str, str]):
         api_key=args.get("api_key"),
         voices_dir=Path(args["voices_dir"]) if "voices_dir" in args else None,
         slots=int(args.get("slots", 8)),
+        vocoder_batching=args.get("vocoder_batching", "0") not in ("0", "false", "False", ""),
         queue_size=int(args.get("queue_size", 64)),
         rate_limit=float(args.get("rate_limit", 0)) or None,
         model_name=args.get("model", "Zyphra/Zonos-v0.1-hybrid"),

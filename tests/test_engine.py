@@ -284,3 +284,17 @@ def test_vocoder_batching_gives_each_stream_its_solo_audio(model, prefixes):
     finally:
         model.set_backend(REFERENCE)
         model.start_engine(slots=4)
+
+
+def test_warmup_runs_streams_together(model):
+    """``warmup(streams=3)`` runs 1, 2 and 3 streams at a time (each count twice, as graphs capture at a shape's
+    second occurrence), long enough for them to reach the vocoder bank together, and leaves the engine idle;
+    asking for more streams than slots is refused before any work."""
+    engine = model.start_engine(slots=4, vocoder_batching=True)
+    try:
+        with pytest.raises(ZonosInputError, match="slots"):
+            model.warmup(prefix_length=8, streams=5, progress_bar=False)
+        model.warmup(prefix_length=8, frames=10, first_chunk_frames=1, chunk_frames=4, streams=3, progress_bar=False)
+        assert engine._vocoding.most_rows == 3 and engine.steps > 0 and not engine.busy
+    finally:
+        model.start_engine(slots=4)

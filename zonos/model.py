@@ -16,6 +16,7 @@ from zonos.backbone import ZonosBackbone
 from zonos.checkpoint import check_state_dict, load_safetensors
 from zonos.codebook_pattern import CODEBOOK_SIZE, N_CODEBOOKS, UNKNOWN  # noqa: F401 - upstream's import path
 from zonos.codec.autoencoder import DACAutoencoder
+from zonos.codec.streaming import receptive_field
 from zonos.conditioning import PrefixConditioner
 from zonos.config import ZonosConfig
 from zonos.engine import Engine, Request, RequestHandle
@@ -540,6 +541,7 @@ class Zonos(UsesOps, nn.Module):
         first_chunk_frames: int = DEFAULT_FIRST_CHUNK_FRAMES,
         chunk_frames: int = DEFAULT_CHUNK_FRAMES,
         all_prefill_lengths: bool = False,
+        streams: int = 1,
         progress_bar: bool = True,
     ) -> float:
         """Pay now, behind a progress bar, what the first request would pay: two short streamed requests on
@@ -548,35 +550,54 @@ class Zonos(UsesOps, nn.Module):
         decode step, of the prefill pieces for that length and of the vocoder's pushes, which later requests
         replay. Graphs are keyed by the sampling filters in use and the number of busy slots, so pass the
         settings requests will use. ``all_prefill_lengths`` captures all 31 prefill piece sizes now (a server
-        taking prompts of any length). Returns the seconds it took; the model is ready for the next request.
+        taking prompts of any length). ``streams`` > 1 (a server): the requests also run 2, 4, ... up to
+        ``streams`` at a time, capturing the decode step of every bucket of busy slots up to there and, with the
+        engine's ``vocoder_batching``, the bank push of every bucket of rows (the requests then run long enough
+        to reach the bank). Returns the seconds it took; the model is ready for the next request.
         """
-        for name, value in (("prefix_length", prefix_length), ("frames", frames)):
+        for name, value in (("prefix_length", prefix_length), ("frames", frames), ("streams", streams)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ZonosInputError(f"warmup's {name} must be a positive int, got {value!r}")
+        engine = self.engine
+        if streams * batch_size > engine.slots.count:
+            raise ZonosInputError(
+                f"warmup's {streams} streams of batch {batch_size} need as many slots; the engine has "
+                f"{engine.slots.count} (start_engine(slots=...))"
+            )
         start = time.perf_counter()
+        if engine.vocoder_batching and batch_size == 1:
+            # Into the bank (ramp < 2 chunks, one aligning chunk, one steady push alone), then two bank pushes.
+            lookahead = receptive_field(self.autoencoder.dac.config).lookahead_frames
+            frames = max(frames, lookahead + first_chunk_frames + 6 * chunk_frames + N_CODEBOOKS)
+        counts = sorted({min(2**i, streams) for i in range(streams.bit_length() + 1)})
         d = self.config.backbone.d_model
         rows = 2 if cfg_scale != 1.0 else 1
         generator = torch.Generator(self.device).manual_seed(0)  # leaves the caller's random streams alone
         prefix = torch.randn(rows, prefix_length, d, device=self.device, generator=generator).to(self.dtype)
-        with tqdm(
-            total=2 * frames, desc="Warming up kernels and graphs", unit="frame", disable=not progress_bar
-        ) as bar:
-            for _ in range(2):  # the vocoder captures a push's graph the second time its shape occurs
-                for chunk in self.generate(
-                    prefix,
-                    max_new_tokens=frames,
-                    cfg_scale=cfg_scale,
-                    sampling_params=sampling_params,
-                    batch_size=batch_size,
-                    progress_bar=False,
-                    generator=generator,
-                    stream=True,
-                    first_chunk_frames=first_chunk_frames,
-                    chunk_frames=chunk_frames,
-                ):
-                    bar.update(chunk.frames[1] - chunk.frames[0])
+        total = 2 * frames * batch_size * sum(counts)
+        with tqdm(total=total, desc="Warming up kernels and graphs", unit="frame", disable=not progress_bar) as bar:
+            for n in counts:
+                for _ in range(2):  # the vocoder captures a push's graph the second time its shape occurs
+                    handles = [
+                        self.submit(
+                            prefix,
+                            max_new_tokens=frames,
+                            cfg_scale=cfg_scale,
+                            sampling_params=sampling_params,
+                            batch_size=batch_size,
+                            progress_bar=False,
+                            generator=generator,
+                            stream=True,
+                            first_chunk_frames=first_chunk_frames,
+                            chunk_frames=chunk_frames,
+                        )
+                        for _ in range(n)
+                    ]
+                    for handle in handles:  # the engine runs them all while the first is read
+                        for chunk in handle:
+                            bar.update((chunk.frames[1] - chunk.frames[0]) * batch_size)
         if all_prefill_lengths:
-            self.engine.prepare_prefill()
+            engine.prepare_prefill()
         return time.perf_counter() - start
 
 

@@ -50,6 +50,7 @@ class BankedVocoding:
         self.due: list = []  # banked jobs whose chunk is due at this step
         self.pushes = 0  # bank pushes made
         self.rows_pushed = 0  # streams' chunks they decoded
+        self.most_rows = 0  # in one push
 
     @staticmethod
     def eligible(request) -> bool:
@@ -146,6 +147,7 @@ class BankedVocoding:
                     audio = host
             self.pushes += 1
             self.rows_pushed += len(pushing)
+            self.most_rows = max(self.most_rows, len(pushing))
             for i, job in enumerate(pushing):
                 job.pending.append((job.assembler.pushed_chunk(codes[i : i + 1], audio[i : i + 1]), event))
                 hand_out(job)

@@ -20,7 +20,17 @@ import traceback
 
 import torch
 from common import no_eos
-from gpu import FRAME_MS, decode_step, environment, event_times, read_bandwidth_gbs, real_size_model, report, use_ops
+from gpu import (
+    FRAME_MS,
+    OPS_KINDS,
+    decode_step,
+    environment,
+    event_times,
+    read_bandwidth_gbs,
+    real_size_model,
+    report,
+    use_ops,
+)
 
 from zonos.backbone.attention import Attention
 from zonos.codebook_pattern import N_CODEBOOKS
@@ -184,9 +194,7 @@ def main():
     ap.add_argument("--eager-steps", type=int, default=30)
     ap.add_argument("--prefix", type=int, default=120)
     ap.add_argument("--max-seqlen", type=int, default=4096)
-    ap.add_argument(
-        "--ops", default="torch,triton", help="comma-separated, from torch, triton, triton-nopdl, triton+gemv"
-    )
+    ap.add_argument("--ops", default="torch,triton", help=f"comma-separated, from {', '.join(OPS_KINDS)}")
     args = ap.parse_args()
 
     print(environment())

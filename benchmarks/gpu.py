@@ -55,21 +55,25 @@ def read_bandwidth_gbs(gib: int = 4) -> float:
     return x.numel() * 2 / (statistics.median(ms) * 1e-3) / 1e9
 
 
-OPS_KINDS = ("torch", "triton", "triton-nopdl", "triton+gemv")
+OPS_KINDS = ("torch", "triton", "triton-nopdl", "triton+gemv", "triton+sampler", "triton+gemv+sampler")
 
 
 def use_ops(model, kind: str, cuda_graphs: bool = True) -> None:
     """Give ``model`` the op backend ``kind`` through ``use_accelerators``: ``torch``: the reference ops;
     ``triton``: every Triton fast path (mamba_ssm's and ours, ours launched with programmatic dependent launch);
     ``triton-nopdl``: the same without PDL; ``triton+gemv``: the Triton paths plus the CuTeDSL GEMV for the
-    decode projections (``use_cute_gemv``). The next request runs it (and captures its graphs)."""
+    decode projections (``use_cute_gemv``); ``+sampler``: plus the fused sampler (``fused_sampling``). The next
+    request runs it (and captures its graphs)."""
     from zonos_accel.triton import pdl
 
     if kind not in OPS_KINDS:
         raise ValueError(f"unknown op backend {kind!r}; known: {OPS_KINDS}")
     pdl.ENABLED = kind != "triton-nopdl"
     model.use_accelerators(
-        fast_ops=kind.startswith("triton"), cuda_graphs=cuda_graphs, use_cute_gemv=kind.endswith("+gemv")
+        fast_ops=kind.startswith("triton"),
+        cuda_graphs=cuda_graphs,
+        use_cute_gemv="+gemv" in kind,
+        fused_sampling=kind.endswith("+sampler"),
     )
 
 
@@ -78,7 +82,7 @@ def decode_step(model, sampling_params: dict, processors: tuple = ()) -> Callabl
     alone with these sampling parameters and logits processors runs; captured now on a side stream if no request
     has). Call it inside ``model.engine.idle()``. The slot's request has ended, so a replay computes a full step
     at the slot's last position and changes nothing a request reads."""
-    from zonos.engine.sampler import features
+    from zonos.ops.sampler import features
     from zonos.sampling import SamplingParams
 
     engine = model.engine

@@ -17,7 +17,7 @@ from common import no_eos
 from gpu import decode_step, environment, real_size_model, report, use_ops
 from torch.profiler import ProfilerActivity, profile
 
-from zonos.engine.sampler import features
+from zonos.ops.sampler import features
 from zonos.sampling import SamplingParams
 
 PARAMS = {"min_p": 0.1}

@@ -259,14 +259,15 @@ def test_warmup_captures_before_the_first_request():
 @pytest.mark.gpu
 def test_graph_with_triton_ops_equals_eager_reference():
     from zonos_accel.graphs import GraphCache
-    from zonos_accel.triton import OPS, triton_backend
+    from zonos_accel.triton import DEFAULT_OPS, triton_backend
 
     model = _model()
     recorder = Recorder(model.eos_token_id)
     prefix = _prefix(12, 7)
     eager = _generate(model, recorder, prefix, {"temperature": 0.0})
     # ssd_scan (prefill) is left out: mamba_ssm's chunked kernels need larger chunks than the tiny model's 8.
-    model.set_backend(triton_backend(REFERENCE, tuple(op for op in OPS if op != "ssd_scan")), GraphCache("cuda"))
+    ops = tuple(op for op in DEFAULT_OPS if op != "ssd_scan")
+    model.set_backend(triton_backend(REFERENCE, ops), GraphCache("cuda"))
     fast = _generate(model, recorder, prefix, {"temperature": 0.0})
     assert model.engine.graphs.captures > 0 and model.engine.graphs.replays > 0
     codes_e, logits_e, _ = eager
@@ -282,7 +283,7 @@ def test_programmatic_dependent_launch_changes_no_result():
     """Our Triton kernels launched with PDL (the default) inside the graph give bit for bit the results of
     the same kernels launched in stream order: PDL only moves launches, never a read before a write."""
     from zonos_accel.graphs import GraphCache
-    from zonos_accel.triton import OPS, pdl, triton_backend
+    from zonos_accel.triton import DEFAULT_OPS, pdl, triton_backend
 
     results = []
     for enabled in (False, True):
@@ -290,7 +291,7 @@ def test_programmatic_dependent_launch_changes_no_result():
         try:
             model = _model()
             model.set_backend(
-                triton_backend(REFERENCE, tuple(op for op in OPS if op != "ssd_scan")), GraphCache("cuda")
+                triton_backend(REFERENCE, tuple(op for op in DEFAULT_OPS if op != "ssd_scan")), GraphCache("cuda")
             )
             results.append(_generate(model, Recorder(model.eos_token_id), _prefix(12, 7), {"min_p": 0.1}))
             model.engine.shutdown()

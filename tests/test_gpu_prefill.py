@@ -120,7 +120,7 @@ def test_prepare_captures_every_piece_ahead():
 def test_graphed_prefill_with_triton_ops_equals_eager_reference_and_is_keyed_by_the_backend():
     """One graph cache for two backends: the Triton backend's pieces are captured anew (not replayed from the
     reference's), and switching back replays the reference's."""
-    from zonos_accel.triton import OPS, triton_backend
+    from zonos_accel.triton import DEFAULT_OPS, triton_backend
 
     model = _tiny("hybrid")
     state = _state(model)
@@ -131,7 +131,7 @@ def test_graphed_prefill_with_triton_ops_equals_eager_reference_and_is_keyed_by_
     pieces = _distinct_pieces(LENGTHS)
     assert graphs.captures == pieces
     # ssd_scan is left out: mamba_ssm's chunked kernels need larger chunks than the tiny model's 8.
-    model.set_backend(triton_backend(REFERENCE, tuple(op for op in OPS if op != "ssd_scan")))
+    model.set_backend(triton_backend(REFERENCE, tuple(op for op in DEFAULT_OPS if op != "ssd_scan")))
     try:
         fast = [_prefill(model, p, state, graphs) for p in prefixes]
         assert graphs.captures == 2 * pieces

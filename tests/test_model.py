@@ -183,6 +183,9 @@ def test_accelerators_need_cuda(tmp_path, codec):
         Zonos.from_local(*paths, device="cpu", autoencoder=codec, use_cute_scan=True)
     model = Zonos.from_local(*paths, device="cpu", autoencoder=codec)  # auto: nothing to switch on
     assert model.backend.name == "torch" and model._graphs is None
+    with pytest.raises(ValueError, match="fused_sampling=True needs the model on a CUDA device"):
+        model.use_accelerators(fused_sampling=True)
+    assert model.backend.name == "torch"  # refused before anything changed
 
 
 def test_heads_run_as_one_matrix(tmp_path, codec):

@@ -149,31 +149,37 @@ class Zonos(UsesOps, nn.Module):
         cuda_graphs: bool | None = None,
         use_cute_gemv: bool | None = None,
         use_cute_scan: bool | None = None,
+        fused_sampling: bool = False,
     ) -> None:
         """Choose this model's op backend and graph capture (None: on where the device and installed packages
         allow, with a warning on CUDA when the Triton ops' packages are missing; the CuTeDSL GEMV stays off unless
-        asked for). Takes effect at the next decode step (it waits for the running one); captured graphs are keyed
-        by the backend, so the next step captures the new backend's. Other models in the process are unaffected.
+        asked for). ``fused_sampling``: the decode step's per-row sampling as one Triton launch instead of 66-79 torch
+        kernels (with the fast ops; off until measured on an H200). Takes effect at the next decode step (it waits
+        for the running one); captured graphs are keyed by the backend, so the next step captures the new backend's.
+        Other models in the process are unaffected.
 
         Asking for one (True) that the machine cannot run raises an error naming what is missing.
         """
         on_cuda = self.device.type == "cuda"
         flags = (("fast_ops", fast_ops), ("cuda_graphs", cuda_graphs), ("use_cute_gemv", use_cute_gemv),
-                 ("use_cute_scan", use_cute_scan))  # fmt: skip
+                 ("use_cute_scan", use_cute_scan), ("fused_sampling", fused_sampling))  # fmt: skip
         for name, wanted in flags:
             if wanted and not on_cuda:
                 raise ZonosInputError(
                     f"{name}=True needs the model on a CUDA device; it is on {self.device}: load it with device='cuda' "
                     f"or leave {name} off"
                 )
+        if fused_sampling and fast_ops is False:
+            raise ZonosInputError("fused_sampling=True is one of the fast ops: leave fast_ops on (True or None)")
         backend = REFERENCE
-        if fast_ops or (fast_ops is None and on_cuda):
+        if fast_ops or fused_sampling or (fast_ops is None and on_cuda):
             import zonos_accel.triton as fast
 
             try:
-                backend = fast.triton_backend(backend)
+                names = fast.DEFAULT_OPS + (("sample_rows",) if fused_sampling else ())
+                backend = fast.triton_backend(backend, names)
             except ImportError as err:
-                if fast_ops:
+                if fast_ops or fused_sampling:
                     raise
                 warnings.warn(
                     f"the Triton fast ops are off ({err}), so the decode runs on the torch reference ops, about 3x "

@@ -35,10 +35,10 @@ import torch
 
 from zonos.codebook_pattern import N_CODEBOOKS, UNKNOWN, apply_delay_pattern, revert_delay_pattern
 from zonos.codec.streaming import StreamingDACDecoder, WeightCasts
-from zonos.engine.sampler import features, noise_keys, row_params_for, sample_rows, to_device
 from zonos.engine.slots import MAX_WINDOW, Slots
 from zonos.engine.vocoding import RAMP, BankedVocoding
 from zonos.errors import EngineClosedError, EngineFullError, ZonosInputError
+from zonos.ops.sampler import features, row_params_for, to_device
 from zonos.sampling import SamplingParams
 from zonos.streaming import AudioChunk, ChunkAssembler, playable
 
@@ -481,8 +481,8 @@ class Engine:
             logits = prefilled if r.logits_processor is None else r.logits_processor(prefilled.clone(), step)
             none = torch.zeros(1, MAX_WINDOW, dtype=torch.bool, device=device)
             recent = torch.zeros(1, N_CODEBOOKS, MAX_WINDOW, dtype=torch.long, device=device)
-            tokens = sample_rows(
-                logits, row_params_for(r.sampling, device), recent, none, noise_keys(seed, step), features([r.sampling])
+            tokens = model.backbone.ops.sample_rows(
+                logits, row_params_for(r.sampling, device), recent, none, seed, step, features([r.sampling])
             )
             column = delayed[i, :, offset]
             delayed[i, :, offset] = torch.where(column == UNKNOWN, tokens[0], column)

@@ -18,7 +18,7 @@ from zonos.backbone import InferenceState
 from zonos.backbone.attention import KVCache
 from zonos.backbone.mamba2 import Mamba2Cache
 from zonos.codebook_pattern import N_CODEBOOKS, UNKNOWN
-from zonos.engine.sampler import RowParams, noise_keys, sample_rows, to_device
+from zonos.ops.sampler import RowParams, to_device
 from zonos.sampling import SamplingParams
 
 MAX_WINDOW = 64  # longest repetition-penalty window a slot holds (upstream's default is 2)
@@ -112,7 +112,7 @@ class Slots:
 
     def step(self, n: int, use: tuple[bool, ...], processors: tuple) -> None:
         """One decode step of the first ``n`` slots (tensor work only; see the module docstring). ``use`` is
-        :func:`zonos.engine.sampler.features` of their requests, ``processors`` the engine's logits processors
+        :func:`zonos.ops.sampler.features` of their requests, ``processors`` the engine's logits processors
         (index ``i`` applies to the slots whose ``processor`` is ``i + 1``)."""
         model = self.model
         w = MAX_WINDOW
@@ -131,7 +131,7 @@ class Slots:
         for i, processor in enumerate(processors, start=1):
             if processor is not None:  # (a clone: a processor may edit in place; other rows keep their logits)
                 logits = torch.where((self.processor[:n] == i)[:, None, None], processor(logits.clone(), steps), logits)
-        tokens = sample_rows(logits, self.params.head(n), recent, valid, noise_keys(self.seeds[:n], steps), use)
+        tokens = model.backbone.ops.sample_rows(logits, self.params.head(n), recent, valid, self.seeds[:n], steps, use)
 
         # EOS bookkeeping: after EOS in codebook 0, each later step writes EOS one codebook further (MASK before
         # it), so all codebooks end together 9 steps later.

@@ -12,6 +12,7 @@ from zonos.ops.linear import linear
 from zonos.ops.norms import add_layer_norm, gated_rms_norm
 from zonos.ops.precision import compute_dtype
 from zonos.ops.rotary import apply_rotary, rotary_cos_sin, rotary_qk, rotate_and_cache
+from zonos.ops.sampler import sample_rows
 from zonos.ops.snake import snake
 from zonos.ops.ssd import ssd_scan, ssd_step
 from zonos.ops.vocoder import conv1d, conv_transpose1d, sequence_tail
@@ -33,6 +34,7 @@ __all__ = [
     "rotary_cos_sin",
     "rotary_qk",
     "rotate_and_cache",
+    "sample_rows",
     "sequence_tail",
     "silu_mul",
     "snake",

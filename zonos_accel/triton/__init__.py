@@ -21,6 +21,7 @@ not on a CUDA device still run the reference.
 | ``conv1d`` | a DAC conv: conv, bias, residual, tanh; sums in a length-independent order | ours (:mod:`.vocoder`) |
 | ``conv_transpose1d`` | a DAC upsampling conv: transposed conv, bias, crop; the same | ours (:mod:`.vocoder`) |
 | ``sequence_tail`` | a streaming layer's next history, in place | ours (:mod:`.vocoder`) |
+| ``sample_rows`` | per-row sampling, one launch (opt-in: not in :data:`DEFAULT_OPS`) | ours (:mod:`.sampler`) |
 """
 
 from __future__ import annotations
@@ -50,8 +51,12 @@ _SOURCES = {
     "conv1d": ("zonos_accel.triton.vocoder", None),
     "conv_transpose1d": ("zonos_accel.triton.vocoder", None),
     "sequence_tail": ("zonos_accel.triton.vocoder", None),
+    "sample_rows": ("zonos_accel.triton.sampler", None),
 }
 OPS = tuple(_SOURCES)
+# What triton_backend runs by default: all but the fused sampler, which waits for its H200 measurement
+# (``Zonos.use_accelerators(fused_sampling=True)`` turns it on).
+DEFAULT_OPS = tuple(op for op in OPS if op != "sample_rows")
 
 
 def fast_op(name: str):
@@ -76,8 +81,8 @@ def _on_cuda(fast, reference):
     return op
 
 
-def triton_backend(base: Backend = REFERENCE, names: tuple[str, ...] = OPS) -> Backend:
-    """``base`` with the named ops (default: all of :data:`OPS`) on their Triton fast paths (CUDA tensors; others
+def triton_backend(base: Backend = REFERENCE, names: tuple[str, ...] = DEFAULT_OPS) -> Backend:
+    """``base`` with the named ops (default: :data:`DEFAULT_OPS`) on their Triton fast paths (CUDA tensors; others
     run ``base``'s op). Raises RuntimeError without a CUDA device and ImportError naming a missing package."""
     if not torch.cuda.is_available():
         raise RuntimeError("the Triton fast paths need a CUDA device, and torch sees none")

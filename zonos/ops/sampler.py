@@ -140,15 +140,17 @@ def sample_rows(
     p: RowParams,
     recent: torch.Tensor,
     recent_valid: torch.Tensor,
-    keys: torch.Tensor,
+    seeds: torch.Tensor,
+    steps: torch.Tensor,
     use: tuple[bool, ...],
 ) -> torch.Tensor:
     """One token per (row, codebook) from float logits (n, q, V) → (n, q) int64.
 
     ``recent`` (n, q, w) holds each row's last w token ids, ``recent_valid`` (n, w) which of those columns fall
-    inside the row's repetition window (and exist); ``keys`` (n,) are the rows' noise keys for this step
-    (:func:`noise_keys`); ``use`` says which filters to compute (:func:`features`). Row by row this equals
-    :func:`zonos.sampling.sample_tokens` with that row's parameters and noise."""
+    inside the row's repetition window (and exist); ``seeds`` and ``steps`` (n,) int64 give the rows' noise keys
+    for this step (:func:`noise_keys`); ``use`` says which filters to compute (:func:`features`). Row by row this
+    equals :func:`zonos.sampling.sample_tokens` with that row's parameters and noise."""
+    keys = noise_keys(seeds, steps)
     penalty, greedy, unified, top_p, top_k, min_p = use
     if penalty:
         ids = recent.clamp(0, logits.shape[-1] - 1).long()  # idle slots hold UNKNOWN (-1); their factors are 1

@@ -1,0 +1,111 @@
+"""The engine's per-row sampling (:func:`zonos.ops.sampler.sample_rows`) as one launch.
+
+The reference runs 66 small kernels per decode step (79 with the unified sampler and greedy rows: torch ops counted
+by the profiler) for one token per (row, codebook): the noise keys' and the noise's integer hashes, the repetition penalty's scatter, the softmax, each filter gated row by row, the race's
+division and argmax. Here one program per (row, codebook) does all of it on its row of logits in registers: the
+same hashes (bit for bit: 64-bit integer arithmetic masked to 32 bits, as the reference computes them), the same
+formulas in the same order, so the tokens are the reference's wherever float rounding of the softmax sums does
+not reorder two candidates (tests/test_sampler.py compares them on fresh logits).
+
+The sort-based filters (top-p, top-k) are not fused: a batch in which a row uses one runs the reference.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from zonos.ops import sampler as reference
+
+
+@triton.jit
+def _mix32(x):
+    """:func:`zonos.ops.sampler._mix32` on int64 values in [0, 2^32): products wrap, the mask keeps the low bits."""
+    x = x ^ (x >> 16)
+    x = (x * 0x7FEB352D) & 0xFFFFFFFF
+    x = x ^ (x >> 15)
+    x = (x * 0x846CA68B) & 0xFFFFFFFF
+    return x ^ (x >> 16)
+
+
+@triton.jit
+def _sample_kernel(
+    logits, out, temperature, linear, conf, quad, min_p, penalty, recent, valid, seeds, steps,
+    n_codebooks, vocab, window,
+    s_lr, s_lq, s_rr, s_rq, s_vr, s_or,
+    BLOCK: tl.constexpr, PENALTY: tl.constexpr, GREEDY: tl.constexpr, UNIFIED: tl.constexpr, MIN_P: tl.constexpr,
+):  # fmt: skip
+    r = tl.program_id(0)
+    q = tl.program_id(1)
+    offs = tl.arange(0, BLOCK)
+    inside = offs < vocab
+    x = tl.load(logits + r * s_lr + q * s_lq + offs, mask=inside, other=float("-inf")).to(tl.float32)
+    if PENALTY:
+        p = tl.load(penalty + r)
+        factors = tl.full([BLOCK], 1.0, tl.float32)
+        for j in range(window):
+            token = tl.load(recent + r * s_rr + q * s_rq + j)
+            token = tl.minimum(tl.maximum(token, 0), vocab - 1)  # idle slots hold UNKNOWN (-1)
+            factor = tl.where(tl.load(valid + r * s_vr + j) != 0, p, 1.0)
+            factors = tl.where(offs == token, factors * factor, factors)
+        x = tl.where(x <= 0, x * factors, x / factors)
+    t = tl.load(temperature + r)
+    sampled = t > 0
+    z = x / tl.where(sampled, t, 1.0)
+    e = tl.exp(z - tl.max(z, axis=0))
+    e = tl.where(inside, e, 0.0)
+    probs = e / tl.sum(e, axis=0)
+    if UNIFIED:
+        lin = tl.load(linear + r)
+        logp = tl.log(tl.maximum(probs, 1e-20))
+        entropy = -tl.sum(tl.where(inside, probs * logp, 0.0), axis=0)
+        u = logp * (lin + entropy * tl.load(conf + r)) - logp * logp * tl.load(quad + r)
+        u = tl.where(inside, u, float("-inf"))
+        eu = tl.exp(u - tl.max(u, axis=0))
+        eu = tl.where(inside, eu, 0.0)
+        probs = tl.where(lin > 0, eu / tl.sum(eu, axis=0), probs)
+    if MIN_P:
+        m = tl.load(min_p + r)
+        kept = tl.where(probs < m * tl.max(probs, axis=0), 0.0, probs)
+        probs = tl.where(m > 0, kept / tl.sum(kept, axis=0), probs)
+    seed = tl.load(seeds + r)
+    step = tl.load(steps + r)
+    key = _mix32(_mix32(_mix32(seed & 0xFFFFFFFF) ^ ((seed >> 32) & 0xFFFFFFFF)) ^ (step & 0xFFFFFFFF))
+    index = (q * vocab + offs).to(tl.int64)
+    h = _mix32(_mix32(index) ^ key)
+    uniform = ((h >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
+    race = -tl.log(uniform)
+    token = tl.argmax(tl.where(inside, probs / race, -1.0), axis=0)
+    if GREEDY:
+        token = tl.where(sampled, token, tl.argmax(x, axis=0))
+    tl.store(out + r * s_or + q, token.to(tl.int64))
+
+
+def sample_rows(
+    logits: torch.Tensor,
+    p: reference.RowParams,
+    recent: torch.Tensor,
+    recent_valid: torch.Tensor,
+    seeds: torch.Tensor,
+    steps: torch.Tensor,
+    use: tuple[bool, ...],
+) -> torch.Tensor:
+    """Same contract as :func:`zonos.ops.sampler.sample_rows` (float32 logits; other dtypes and batches using top-p
+    or top-k run the reference)."""
+    penalty, greedy, unified, top_p, top_k, min_p = use
+    if top_p or top_k or logits.dtype != torch.float32:
+        return reference.sample_rows(logits, p, recent, recent_valid, seeds, steps, use)
+    n, q, vocab = logits.shape
+    if logits.stride(-1) != 1:
+        logits = logits.contiguous()
+    recent, valid = recent.contiguous(), recent_valid.contiguous()
+    out = torch.empty(n, q, dtype=torch.int64, device=logits.device)
+    _sample_kernel[(n, q)](
+        logits, out, p.temperature, p.linear, p.conf, p.quad, p.min_p, p.penalty, recent, valid,
+        seeds.contiguous(), steps.contiguous(), q, vocab, recent.shape[-1],
+        logits.stride(0), logits.stride(1), recent.stride(0), recent.stride(1), valid.stride(0), out.stride(0),
+        BLOCK=triton.next_power_of_2(vocab), PENALTY=penalty, GREEDY=greedy, UNIFIED=unified, MIN_P=min_p,
+        num_warps=4,
+    )  # fmt: skip
+    return out

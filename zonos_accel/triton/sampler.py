@@ -1,11 +1,12 @@
 """The engine's per-row sampling (:func:`zonos.ops.sampler.sample_rows`) as one launch.
 
 The reference runs 66 small kernels per decode step (79 with the unified sampler and greedy rows: torch ops counted
-by the profiler) for one token per (row, codebook): the noise keys' and the noise's integer hashes, the repetition penalty's scatter, the softmax, each filter gated row by row, the race's
-division and argmax. Here one program per (row, codebook) does all of it on its row of logits in registers: the
-same hashes (bit for bit: 64-bit integer arithmetic masked to 32 bits, as the reference computes them), the same
-formulas in the same order, so the tokens are the reference's wherever float rounding of the softmax sums does
-not reorder two candidates (tests/test_sampler.py compares them on fresh logits).
+by the profiler) for one token per (row, codebook): the noise keys' and the noise's integer hashes, the repetition
+penalty's scatter, the softmax, each filter gated row by row, the race's division and argmax. Here one program per
+(row, codebook) does all of it on its row of logits in registers: the same hashes (bit for bit: 64-bit integer
+arithmetic masked to 32 bits, as the reference computes them), the same formulas in the same order, so the tokens
+are the reference's wherever float rounding of the softmax sums does not reorder two candidates
+(tests/test_sampler.py compares them on fresh logits).
 
 The sort-based filters (top-p, top-k) are not fused: a batch in which a row uses one runs the reference.
 """

@@ -553,8 +553,10 @@ class Engine:
                 job.steps += 1
         for job in list(self._running):
             self._after_step(job)
-        if self._vocoding is not None and self._vocoding.due:
-            self._vocoding.push_due(self._delayed, self._hand_out, lambda job: self._end(job, deliver=True))
+        if self._vocoding is not None and self._vocoding.pending:
+            self._vocoding.push_due(
+                self._delayed, self._hand_out, lambda job: self._end(job, deliver=True), self._running
+            )
         seen = self._watch.poll(self.steps, slots.active, slots.stopping)
         if seen is not None:
             as_of, ended, stopped = seen

@@ -48,6 +48,7 @@ class BankedVocoding:
         self.banks: dict[int, tuple[DecoderBank, torch.cuda.Stream | None]] = {}
         self.members: dict[int, list] = {}  # chunk size -> its bank's jobs, by row
         self.due: list = []  # banked jobs whose chunk is due at this step
+        self.entering: list = []  # jobs whose steady push alone was at this step's tick: they join after it
         self.pushes = 0  # bank pushes made
         self.rows_pushed = 0  # streams' chunks they decoded
         self.most_rows = 0  # in one push
@@ -70,7 +71,7 @@ class BankedVocoding:
             a.next_push = a.accepted + c
             job.bank_phase = ENTER
         elif job.bank_phase == ENTER and steps % c == 0 and a.size == c:
-            self._enter(job)
+            self.entering.append(job)  # after this tick's bank push, which does not hold its chunk
         elif job.bank_phase == ENTER:  # out of step (not expected): it stays on its own decoder
             job.bank_phase = None
 
@@ -112,10 +113,17 @@ class BankedVocoding:
             solo.frames_pushed = job.assembler.pushed
             job.decoder = job.assembler.decoder = solo
 
-    def push_due(self, delayed: Callable, hand_out: Callable, finish: Callable) -> None:
-        """One push per bank of the chunks due now: ``delayed(job)`` gives a job's delayed codes, ``hand_out(job)``
-        hands its arrived chunks out, ``finish(job)`` ends a job whose chunk ended its stream."""
+    @property
+    def pending(self) -> bool:
+        """Whether this step has bank pushes or joins to make (:meth:`push_due`)."""
+        return bool(self.due or self.entering)
+
+    def push_due(self, delayed: Callable, hand_out: Callable, finish: Callable, running: list) -> None:
+        """One push per bank of the chunks due now, then the joins of the streams entering at this tick:
+        ``delayed(job)`` gives a job's delayed codes, ``hand_out(job)`` hands its arrived chunks out, ``finish(job)``
+        ends a job whose chunk ended its stream; ``running`` are the engine's running jobs."""
         due, self.due = self.due, []
+        entering, self.entering = self.entering, []
         for c, (bank, side) in self.banks.items():
             jobs = [job for job in due if job.row is not None and job.assembler.chunk_frames == c]
             if not jobs:
@@ -151,6 +159,9 @@ class BankedVocoding:
             for i, job in enumerate(pushing):
                 job.pending.append((job.assembler.pushed_chunk(codes[i : i + 1], audio[i : i + 1]), event))
                 hand_out(job)
+        for job in entering:
+            if job in running and job.decoder is not None and job.bank_phase == ENTER:  # (not ended meanwhile)
+                self._enter(job)
 
     def drop_idle(self) -> None:
         """Forget the banks no stream uses (e.g. their graphs replay another backend)."""

@@ -143,9 +143,9 @@ class BankedVocoding:
                 continue
             codes = torch.cat([job.assembler.take_ready() for job in pushing])
             event = None
+            if side is not None:  # the codes come from the engine's stream
+                side.wait_stream(torch.cuda.current_stream(side.device))
             with _on(side):
-                if side is not None:
-                    side.wait_stream(torch.cuda.current_stream(side.device))
                 audio = bank.push(codes)
                 if side is not None:
                     host = torch.empty(audio.shape, dtype=audio.dtype, pin_memory=True)

@@ -257,6 +257,41 @@ def test_warmup_captures_before_the_first_request():
 
 @cuda
 @pytest.mark.gpu
+def test_vocoder_batching_streams_match_their_solo_streams():
+    """With CUDA graphs and ``vocoder_batching``, four staggered streams (EOS suppressed) push their steady chunks
+    together as rows of one vocoder bank (graphs per bucket of rows, on the bank's side stream): each stream's codes
+    equal its solo run's, and its audio matches it (cuDNN may sum a batch of rows in another order: ≥ 60 dB)."""
+    from tests.test_codec_streaming import snr_db
+
+    model = _model()
+    model.autoencoder = tiny_codec("cuda")
+    _graphs_on(model)
+    prefixes = [_prefix(8 + i, 20 + i) for i in range(4)]
+    no_eos = Recorder(model.eos_token_id, steps=STEPS + 40 + N_CODEBOOKS)
+    kwargs = dict(max_new_tokens=STEPS + 40, stream=True, chunk_frames=4, progress_bar=False, logits_processor=no_eos)
+
+    def chunks(handle):
+        got = list(handle)
+        return torch.cat([c.codes for c in got], -1), torch.cat([c.audio for c in got], -1)
+
+    solo = [chunks(model.submit(p, generator=torch.Generator("cuda").manual_seed(i), **kwargs)) for i, p in
+            enumerate(prefixes)]  # fmt: skip
+    engine = model.start_engine(slots=4, vocoder_batching=True)
+    handles = []
+    for i, p in enumerate(prefixes):  # a few steps apart
+        handles.append(model.submit(p, generator=torch.Generator("cuda").manual_seed(i), **kwargs))
+        it = iter(handles[-1])
+        handles[-1] = (it, [next(it)])
+    for i, (it, first) in enumerate(handles):
+        rest = list(it)
+        codes = torch.cat([c.codes for c in first + rest], -1)
+        audio = torch.cat([c.audio for c in first + rest], -1)
+        assert torch.equal(codes, solo[i][0]), i
+        assert audio.shape == solo[i][1].shape and snr_db(audio, solo[i][1]) >= 60, i
+    assert engine._vocoding.most_rows >= 2 and engine._vocoding.pushes > 0
+
+
+@pytest.mark.gpu
 def test_graph_with_triton_ops_equals_eager_reference():
     from zonos_accel.graphs import GraphCache
     from zonos_accel.triton import DEFAULT_OPS, triton_backend

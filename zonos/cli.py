@@ -99,6 +99,12 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
         "needs nvidia-cutlass-dsl from pip install 'zonos-accel[gpu]')",
     )
     p.add_argument(
+        "--fused-sampling",
+        action="store_true",
+        help="sample each decode step's tokens in one Triton launch instead of ~70 torch kernels (CUDA only; "
+        "off by default until measured)",
+    )
+    p.add_argument(
         "--no-cuda-graphs",
         action="store_true",
         help="run the decode step and prefill eagerly instead of replaying captured CUDA graphs (default on CUDA)",
@@ -407,12 +413,16 @@ def _check_device(spec: str | None, args: argparse.Namespace | None = None):
             )
         if device.index is not None and device.index >= torch.cuda.device_count():
             raise UsageError(f"--device {spec}: this machine has {torch.cuda.device_count()} CUDA device(s)")
-    for flag in ("cute_gemv", "cute_scan"):
+    for flag in ("cute_gemv", "cute_scan", "fused_sampling"):
         if args is None or not getattr(args, flag, False):
             continue
         option = "--" + flag.replace("_", "-")
         if device.type != "cuda":
             raise UsageError(f"{option} runs CUDA kernels and the model would be on {device}: drop it, or use a GPU")
+        if flag == "fused_sampling":
+            if getattr(args, "no_fast_ops", False):
+                raise UsageError("--fused-sampling is one of the Triton fast ops: drop --no-fast-ops or it")
+            continue
         if importlib.util.find_spec("cutlass") is None:
             raise UsageError(f"{option} needs nvidia-cutlass-dsl: pip install 'zonos-accel[gpu]', or drop {option}")
     return device
@@ -673,6 +683,7 @@ def load_model(args: argparse.Namespace, device):
         cuda_graphs=False if args.no_cuda_graphs else None,
         use_cute_gemv=args.cute_gemv,
         use_cute_scan=getattr(args, "cute_scan", False),
+        fused_sampling=getattr(args, "fused_sampling", False),
     )
     _log(f"loaded {args.model} on {device} in {time.perf_counter() - t0:.1f} s")
     return model

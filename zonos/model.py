@@ -109,6 +109,7 @@ class Zonos(UsesOps, nn.Module):
         cuda_graphs: bool | None = None,
         use_cute_gemv: bool = False,
         use_cute_scan: bool = False,
+        fused_sampling: bool = False,
     ) -> Zonos:
         """Load from a ``config.json`` and a ``model.safetensors``.
 
@@ -127,6 +128,7 @@ class Zonos(UsesOps, nn.Module):
                 instead of cuBLAS (needs ``nvidia-cutlass-dsl``; prefill stays on cuBLAS).
             use_cute_scan: the prefill's Mamba2 SSD scan of up to 256 tokens (a sentence prompt) through our CuTeDSL
                 kernel, one launch per layer (needs ``nvidia-cutlass-dsl``).
+            fused_sampling: the decode step's sampling as one Triton launch (see :meth:`use_accelerators`).
         """
         if backbone not in (None, "torch", "mamba_ssm"):
             raise ValueError(f"unknown backbone {backbone!r}: upstream's names are 'torch' and 'mamba_ssm'")
@@ -139,7 +141,11 @@ class Zonos(UsesOps, nn.Module):
         model.load_checkpoint(state, device=device, dtype=dtype)
         model.eval()
         model.use_accelerators(
-            fast_ops=fast_ops, cuda_graphs=cuda_graphs, use_cute_gemv=use_cute_gemv, use_cute_scan=use_cute_scan
+            fast_ops=fast_ops,
+            cuda_graphs=cuda_graphs,
+            use_cute_gemv=use_cute_gemv,
+            use_cute_scan=use_cute_scan,
+            fused_sampling=fused_sampling,
         )
         return model
 

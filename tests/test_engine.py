@@ -203,9 +203,11 @@ def test_bad_requests(model, prefixes, tmp_path):
 
 def test_an_idle_engine_grows_for_a_large_batch(tmp_path, prefixes):
     m = tiny_model(tmp_path, dtype=torch.float64, max_seqlen=160)
-    m.start_engine(slots=2)
+    m.start_engine(slots=2, queue_size=5, vocoder_streams=2, vocoder_batching=True)
     codes = m.generate(prefixes[0], max_new_tokens=6, batch_size=3, progress_bar=False)
-    assert codes.shape[0] == 3 and m.engine.slots.count == 3
+    engine = m.engine
+    assert codes.shape[0] == 3 and engine.slots.count == 3
+    assert (engine.queue_size, engine.vocoder_streams, engine.vocoder_batching) == (5, 2, True)  # kept
 
 
 def test_backend_switch_takes_effect_at_the_next_request(model, prefixes, solo):

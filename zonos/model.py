@@ -468,7 +468,11 @@ class Zonos(UsesOps, nn.Module):
         engine = self.engine
         if request.batch_size > engine.slots.count and not engine.busy:
             engine = self.start_engine(
-                slots=request.batch_size, max_seqlen=engine.max_seqlen, queue_size=engine.queue_size
+                slots=request.batch_size,
+                max_seqlen=engine.max_seqlen,
+                queue_size=engine.queue_size,
+                vocoder_streams=engine.vocoder_streams,
+                vocoder_batching=engine.vocoder_batching,
             )
         return engine
 

@@ -257,6 +257,7 @@ class Engine:
         self._sides = [torch.cuda.Stream(self.device) for _ in range(vocoder_streams)] if cuda else []
         self._next_side = 0
         self._watch = _ActiveWatch(slots, self.device)
+        self.vocoder_streams = vocoder_streams
         self.vocoder_batching = vocoder_batching
         self._vocoding = None
         if vocoder_batching:

@@ -171,3 +171,35 @@ def test_warmup_can_capture_every_prefill_piece(model, prefix):
 def test_warmup_rejects_bad_sizes(model, kwargs):
     with pytest.raises(ValueError, match="must be a positive int|must be an integer in"):
         model.warmup(progress_bar=False, **kwargs)
+
+
+def test_warmup_bar_names_the_kernels_it_compiles():
+    """``naming_compiles`` shows each Triton kernel's name on the bar as Triton is about to compile it (its
+    ``jit_cache_hook``), still calls a hook set before, never skips the compile, and restores the hook after."""
+    knobs = pytest.importorskip("triton").knobs
+    from triton.runtime.jit import JitFunctionInfo
+
+    from zonos.utils import naming_compiles
+
+    class Bar:
+        postfix = ""
+
+        def set_postfix_str(self, text, refresh=True):
+            self.postfix = text
+
+    seen = []
+
+    def earlier(**kwargs):
+        seen.append(kwargs["fn"].name)
+
+    knobs.runtime.jit_cache_hook = earlier
+    bar = Bar()
+    try:
+        with naming_compiles(bar):
+            hook = knobs.runtime.jit_cache_hook
+            skip = hook(key="k", repr="r", fn=JitFunctionInfo(None, "_sample_kernel", None), compile={},
+                        is_manual_warmup=False, already_compiled=False)  # fmt: skip
+            assert not skip and bar.postfix == "compiling _sample_kernel" and seen == ["_sample_kernel"]
+        assert knobs.runtime.jit_cache_hook is earlier
+    finally:
+        knobs.runtime.jit_cache_hook = None

@@ -25,7 +25,7 @@ from zonos.hub import resolve_file
 from zonos.ops.backend import REFERENCE, Backend, UsesOps, use_backend
 from zonos.sampling import SamplingParams
 from zonos.streaming import AudioChunk, check_chunk_sizes
-from zonos.utils import default_device, default_dtype
+from zonos.utils import default_device, default_dtype, naming_compiles
 
 DEFAULT_CODEC = "descript/dac_44khz"
 DEFAULT_SLOTS = 4  # slots of the engine that generate() runs on (concurrent generate calls decode together)
@@ -569,7 +569,8 @@ class Zonos(UsesOps, nn.Module):
         taking prompts of any length). ``streams`` > 1 (a server): the requests also run 2, 4, ... up to
         ``streams`` at a time, capturing the decode step of every bucket of busy slots up to there and, with the
         engine's ``vocoder_batching``, the bank push of every bucket of rows (the requests then run long enough
-        to reach the bank). Returns the seconds it took; the model is ready for the next request.
+        to reach the bank). The bar names each Triton kernel as it is compiled. Returns the seconds it took; the model
+        is ready for the next request.
         """
         for name, value in (("prefix_length", prefix_length), ("frames", frames), ("streams", streams)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -591,7 +592,10 @@ class Zonos(UsesOps, nn.Module):
         generator = torch.Generator(self.device).manual_seed(0)  # leaves the caller's random streams alone
         prefix = torch.randn(rows, prefix_length, d, device=self.device, generator=generator).to(self.dtype)
         total = 2 * frames * batch_size * sum(counts)
-        with tqdm(total=total, desc="Warming up kernels and graphs", unit="frame", disable=not progress_bar) as bar:
+        with (
+            tqdm(total=total, desc="Warming up kernels and graphs", unit="frame", disable=not progress_bar) as bar,
+            naming_compiles(bar),
+        ):
             for n in counts:
                 for _ in range(2):  # the vocoder captures a push's graph the second time its shape occurs
                     handles = [

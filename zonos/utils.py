@@ -1,7 +1,10 @@
-"""Device defaults (also upstream's import path: ``from zonos.utils import DEFAULT_DEVICE``), tensor helpers and
-the command lines' help formatter."""
+"""Device defaults (also upstream's import path: ``from zonos.utils import DEFAULT_DEVICE``), tensor helpers,
+the command lines' help formatter and the warm-up's compile report."""
 
 import argparse
+import contextlib
+import importlib.util
+from collections.abc import Iterator
 
 import torch
 
@@ -32,3 +35,26 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 
 DEFAULT_DEVICE = default_device()
+
+
+@contextlib.contextmanager
+def naming_compiles(bar) -> Iterator[None]:
+    """While inside, show on the tqdm ``bar`` the name of each Triton kernel as it is compiled (or loaded from
+    Triton's disk cache) in this process, whatever thread launches it (Triton's ``jit_cache_hook``, restored after;
+    a hook already set is still called). Does nothing without triton."""
+    if importlib.util.find_spec("triton") is None:
+        yield
+        return
+    from triton import knobs
+
+    previous = knobs.runtime.jit_cache_hook
+
+    def hook(*, fn, **kwargs):
+        bar.set_postfix_str(f"compiling {fn.name}", refresh=True)
+        return previous(fn=fn, **kwargs) if previous is not None else None  # True would skip the compile
+
+    knobs.runtime.jit_cache_hook = hook
+    try:
+        yield
+    finally:
+        knobs.runtime.jit_cache_hook = previous

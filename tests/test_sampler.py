@@ -111,3 +111,35 @@ def test_fused_kernel_leaves_sorting_filters_to_the_reference(device):
     assert torch.equal(
         fused(logits, p, recent, valid, seeds, steps, use), sample_rows(logits, p, recent, valid, seeds, steps, use)
     )
+
+
+def test_engine_with_the_fused_sampler_decodes_the_reference_codes(device, tmp_path):
+    """Through the engine (the slots' gathered windows, seeds and steps as the decode step passes them), requests
+    with unrelated sampling settings running side by side give the codes they give on the reference sampler."""
+    if device.type != "cpu":
+        pytest.skip("the GPU decode tests cover the fused sampler on CUDA")
+    from tests.test_model import _prefix
+    from tests.tiny import tiny_model
+    from zonos.ops.backend import REFERENCE
+    from zonos_accel.triton.sampler import sample_rows as fused
+
+    model = tiny_model(tmp_path, max_seqlen=96)
+    model.start_engine(slots=3)
+    prefix = _prefix(model, "Fused sampling.")
+    settings = [{"min_p": 0.1}, {"temperature": 0.0}, {"linear": 0.5, "conf": 0.3, "quad": 0.1, "min_p": 0.05}]
+
+    def run():
+        handles = [
+            model.submit(prefix, max_new_tokens=12, sampling_params=s, generator=torch.Generator().manual_seed(i))
+            for i, s in enumerate(settings)
+        ]
+        return [h.result() for h in handles]
+
+    expected = run()
+    model.set_backend(REFERENCE.replace("fused sampler", sample_rows=fused))
+    try:
+        got = run()
+    finally:
+        model.set_backend(REFERENCE)
+    for g, e in zip(got, expected):
+        assert g.shape == e.shape and torch.equal(g, e)

@@ -22,7 +22,8 @@ from zonos.ops import sampler as reference
 
 @triton.jit
 def _mix32(x):
-    """:func:`zonos.ops.sampler._mix32` on int64 values in [0, 2^32): products wrap, the mask keeps the low bits."""
+    """:func:`zonos.ops.sampler._mix32` on uint64 values in [0, 2^32): products wrap modulo 2^64 (unsigned, so no
+    overflow), the mask keeps the low 32 bits, which are the reference's."""
     x = x ^ (x >> 16)
     x = (x * 0x7FEB352D) & 0xFFFFFFFF
     x = x ^ (x >> 15)
@@ -70,10 +71,10 @@ def _sample_kernel(
         m = tl.load(min_p + r)
         kept = tl.where(probs < m * tl.max(probs, axis=0), 0.0, probs)
         probs = tl.where(m > 0, kept / tl.sum(kept, axis=0), probs)
-    seed = tl.load(seeds + r)
-    step = tl.load(steps + r)
+    seed = tl.load(seeds + r).to(tl.uint64)  # non-negative int64s: the same bits
+    step = tl.load(steps + r).to(tl.uint64)
     key = _mix32(_mix32(_mix32(seed & 0xFFFFFFFF) ^ ((seed >> 32) & 0xFFFFFFFF)) ^ (step & 0xFFFFFFFF))
-    index = (q * vocab + offs).to(tl.int64)
+    index = (q * vocab + offs).to(tl.uint64)
     h = _mix32(_mix32(index) ^ key)
     uniform = ((h >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
     race = -tl.log(uniform)

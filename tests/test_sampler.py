@@ -114,13 +114,15 @@ def test_fused_kernel_leaves_sorting_filters_to_the_reference(device):
 
 
 def test_engine_with_the_fused_sampler_decodes_the_reference_codes(device, tmp_path):
-    """Through the engine (the slots' gathered windows, seeds and steps as the decode step passes them), requests
-    with unrelated sampling settings running side by side give the codes they give on the reference sampler."""
+    """Through the engine (the slots' gathered windows, seeds and steps as the decode step passes them, and their
+    buffers for the step's bookkeeping), requests with unrelated sampling settings running side by side give the
+    codes they give on the reference ops, EOS included."""
     if device.type != "cpu":
         pytest.skip("the GPU decode tests cover the fused sampler on CUDA")
     from tests.test_model import _prefix
     from tests.tiny import tiny_model
     from zonos.ops.backend import REFERENCE
+    from zonos_accel.triton.sampler import finish_rows as fused_finish
     from zonos_accel.triton.sampler import sample_rows as fused
 
     model = tiny_model(tmp_path, max_seqlen=96)
@@ -136,10 +138,44 @@ def test_engine_with_the_fused_sampler_decodes_the_reference_codes(device, tmp_p
         return [h.result() for h in handles]
 
     expected = run()
-    model.set_backend(REFERENCE.replace("fused sampler", sample_rows=fused))
+    model.set_backend(REFERENCE.replace("fused sampler", sample_rows=fused, finish_rows=fused_finish))
     try:
         got = run()
     finally:
         model.set_backend(REFERENCE)
     for g, e in zip(got, expected):
         assert g.shape == e.shape and torch.equal(g, e)
+
+
+def test_fused_step_bookkeeping_equals_the_reference(device):
+    """``finish_rows`` in one launch leaves every slot buffer as the reference does: slots before, at and after
+    their EOS (remaining 0, 1, 5, 9 and many steps; EOS sampled now or earlier), inactive slots, a column already
+    written (an audio prefix's) and the last column of the buffer."""
+    from zonos.ops import finish_rows
+    from zonos_accel.triton.sampler import finish_rows as fused
+
+    columns, unknown, masked = 40, -1, 1025
+    for seed in range(4):
+        g = torch.Generator().manual_seed(seed)
+        n = 7
+        tokens = torch.randint(0, 1024, (n, Q), generator=g)
+        tokens[[1, 4], 0] = EOS  # EOS sampled now
+        remaining = torch.tensor([0, 100, 5, 9, 1, 3, 50])
+        stopping = torch.tensor([False, False, True, True, False, True, False])
+        offset = torch.randint(5, columns - 2, (n,), generator=g)
+        offset[6] = columns - 1  # the buffer's last column: the write stays in it
+        limit = offset + torch.randint(0, 4, (n,), generator=g)
+        active = (remaining > 0) & (offset < limit)
+        active[2] = False
+        steps = torch.randint(0, 100, (n,), generator=g)
+        delayed = torch.full((n, Q, columns), unknown)
+        delayed[:, :, :5] = torch.randint(0, 1024, (n, Q, 5), generator=g)
+        delayed[3, :, offset[3] + 1] = 77  # written before (an audio prefix)
+        buffers = [delayed, offset, limit, remaining, stopping, steps, torch.zeros(n, dtype=torch.bool)]
+        ref = [b.clone() for b in buffers]
+        finish_rows(tokens, active, *ref[:-1], ref[-1], EOS, masked)
+        got = [b.clone().to(device) for b in buffers]
+        fused(tokens.to(device), active.to(device), *got[:-1], got[-1], EOS, masked)
+        for name, r, f in zip(["delayed", "offset", "limit", "remaining", "stopping", "steps", "active"], ref, got):
+            assert torch.equal(f.cpu(), r), (seed, name)
+        assert not torch.equal(ref[0], delayed) and not torch.equal(ref[-1], buffers[-1])  # something was written

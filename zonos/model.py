@@ -160,7 +160,8 @@ class Zonos(UsesOps, nn.Module):
         """Choose this model's op backend and graph capture (None: on where the device and installed packages
         allow, with a warning on CUDA when the Triton ops' packages are missing; the CuTeDSL GEMV stays off unless
         asked for). ``fused_sampling``: the decode step's per-row sampling as one Triton launch instead of 66-79 torch
-        kernels (with the fast ops; off until measured on an H200). Takes effect at the next decode step (it waits
+        kernels, and its EOS bookkeeping as one more instead of ~20 (with the fast ops; off until measured on an
+        H200). Takes effect at the next decode step (it waits
         for the running one); captured graphs are keyed by the backend, so the next step captures the new backend's.
         Other models in the process are unaffected.
 
@@ -182,7 +183,7 @@ class Zonos(UsesOps, nn.Module):
             import zonos_accel.triton as fast
 
             try:
-                names = fast.DEFAULT_OPS + (("sample_rows",) if fused_sampling else ())
+                names = fast.DEFAULT_OPS + (fast.FUSED_SAMPLING_OPS if fused_sampling else ())
                 backend = fast.triton_backend(backend, names)
             except ImportError as err:
                 if fast_ops or fused_sampling:

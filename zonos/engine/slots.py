@@ -74,7 +74,6 @@ class Slots:
         self.params = RowParams.allocate(count, device)
         self.active = torch.zeros(count, device=device, dtype=torch.bool)  # after the last step
         self._window = torch.arange(MAX_WINDOW, device=device)
-        self._codebook = torch.arange(N_CODEBOOKS, device=device)
 
     def load(
         self,
@@ -131,25 +130,9 @@ class Slots:
         for i, processor in enumerate(processors, start=1):
             if processor is not None:  # (a clone: a processor may edit in place; other rows keep their logits)
                 logits = torch.where((self.processor[:n] == i)[:, None, None], processor(logits.clone(), steps), logits)
-        tokens = model.backbone.ops.sample_rows(logits, self.params.head(n), recent, valid, self.seeds[:n], steps, use)
-
-        # EOS bookkeeping: after EOS in codebook 0, each later step writes EOS one codebook further (MASK before
-        # it), so all codebooks end together 9 steps later.
-        remaining = self.remaining[:n]
-        eos = tokens[:, 0] == model.eos_token_id
-        left = torch.where(eos, remaining.clamp(max=N_CODEBOOKS), remaining)
-        stopping = self.stopping[:n] | eos
-        eos_codebook = (N_CODEBOOKS - left).clamp(max=N_CODEBOOKS - 1)[:, None]
-        ending = stopping[:, None]
-        tokens = torch.where(ending & (self._codebook < eos_codebook), model.masked_token_id, tokens)
-        tokens = torch.where(ending & (self._codebook == eos_codebook), model.eos_token_id, tokens)
-        remaining.copy_(torch.where(active, left - 1, remaining))
-        self.stopping[:n].copy_(torch.where(active, stopping, self.stopping[:n]))
-
-        column = (offset + 1).clamp(max=self.max_seqlen - 1)[:, None, None].expand(n, N_CODEBOOKS, 1)
-        existing = self.delayed[:n].gather(2, column)[..., 0]
-        written = torch.where(active[:, None] & (existing == UNKNOWN), tokens, existing)
-        self.delayed[:n].scatter_(2, column, written[..., None])
-        offset.add_(active.long())
-        steps.add_(active.long())
-        self.active[:n].copy_((self.remaining[:n] > 0) & (offset < self.limit[:n]))
+        ops = model.backbone.ops
+        tokens = ops.sample_rows(logits, self.params.head(n), recent, valid, self.seeds[:n], steps, use)
+        ops.finish_rows(
+            tokens, active, self.delayed[:n], offset, self.limit[:n], self.remaining[:n], self.stopping[:n], steps,
+            self.active[:n], model.eos_token_id, model.masked_token_id,
+        )  # fmt: skip

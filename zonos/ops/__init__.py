@@ -12,7 +12,7 @@ from zonos.ops.linear import linear
 from zonos.ops.norms import add_layer_norm, gated_rms_norm
 from zonos.ops.precision import compute_dtype
 from zonos.ops.rotary import apply_rotary, rotary_cos_sin, rotary_qk, rotate_and_cache
-from zonos.ops.sampler import sample_rows
+from zonos.ops.sampler import finish_rows, sample_rows
 from zonos.ops.snake import snake
 from zonos.ops.ssd import ssd_scan, ssd_step
 from zonos.ops.vocoder import conv1d, conv_transpose1d, sequence_tail
@@ -28,6 +28,7 @@ __all__ = [
     "conv_transpose1d",
     "decode_attention",
     "embedding_sum",
+    "finish_rows",
     "gated_rms_norm",
     "linear",
     "prefill_attention",

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
+from zonos.codebook_pattern import UNKNOWN
 from zonos.sampling import SamplingParams
 
 _M32 = 0xFFFFFFFF
@@ -55,6 +56,7 @@ def noise_keys(seeds: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
 
 
 _INDEX_HASHES: dict[tuple, torch.Tensor] = {}  # element index -> its hash, per (size, device): a constant table
+_INDICES: dict[tuple, torch.Tensor] = {}  # arange(size), per (size, device): a constant table
 
 
 def exponential_noise(keys: torch.Tensor, shape: tuple[int, int], dtype: torch.dtype) -> torch.Tensor:
@@ -192,3 +194,45 @@ def row_params_for(params: SamplingParams, device: torch.device) -> RowParams:
     rows = RowParams.allocate(1, device)
     rows.set_row(0, params)
     return rows
+
+
+def finish_rows(
+    tokens: torch.Tensor,
+    active: torch.Tensor,
+    delayed: torch.Tensor,
+    offset: torch.Tensor,
+    limit: torch.Tensor,
+    remaining: torch.Tensor,
+    stopping: torch.Tensor,
+    steps: torch.Tensor,
+    active_out: torch.Tensor,
+    eos_token_id: int,
+    masked_token_id: int,
+) -> None:
+    """The end of a decode step for n slots, in place on their buffers (views of their first n rows): EOS
+    bookkeeping on the sampled ``tokens`` (n, 9), each active slot's column ``offset + 1`` of ``delayed``
+    (n, 9, columns) written where not already written (an audio prefix's), and the slots' counters advanced.
+
+    ``active`` (n,) says which slots this step decoded. After EOS in codebook 0, each later step writes EOS one
+    codebook further (MASK before it), so all codebooks end together 9 steps later: ``remaining`` counts the steps
+    left, ``stopping`` marks the slots past their EOS. ``active_out`` receives whether each slot still runs."""
+    n_codebooks = tokens.shape[1]
+    codebook = _INDICES.get((n_codebooks, tokens.device))
+    if codebook is None:
+        codebook = _INDICES[(n_codebooks, tokens.device)] = torch.arange(n_codebooks, device=tokens.device)
+    eos = tokens[:, 0] == eos_token_id
+    left = torch.where(eos, remaining.clamp(max=n_codebooks), remaining)
+    now_stopping = stopping | eos
+    eos_codebook = (n_codebooks - left).clamp(max=n_codebooks - 1)[:, None]
+    ending = now_stopping[:, None]
+    tokens = torch.where(ending & (codebook < eos_codebook), masked_token_id, tokens)
+    tokens = torch.where(ending & (codebook == eos_codebook), eos_token_id, tokens)
+    remaining.copy_(torch.where(active, left - 1, remaining))
+    stopping.copy_(torch.where(active, now_stopping, stopping))
+    column = (offset + 1).clamp(max=delayed.shape[-1] - 1)[:, None, None].expand(-1, n_codebooks, 1)
+    existing = delayed.gather(2, column)[..., 0]
+    written = torch.where(active[:, None] & (existing == UNKNOWN), tokens, existing)
+    delayed.scatter_(2, column, written[..., None])
+    offset.add_(active.long())
+    steps.add_(active.long())
+    active_out.copy_((remaining > 0) & (offset < limit))

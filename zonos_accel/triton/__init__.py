@@ -22,6 +22,7 @@ not on a CUDA device still run the reference.
 | ``conv_transpose1d`` | a DAC upsampling conv: transposed conv, bias, crop; the same | ours (:mod:`.vocoder`) |
 | ``sequence_tail`` | a streaming layer's next history, in place | ours (:mod:`.vocoder`) |
 | ``sample_rows`` | per-row sampling, one launch (opt-in: not in :data:`DEFAULT_OPS`) | ours (:mod:`.sampler`) |
+| ``finish_rows`` | the step's EOS bookkeeping and column write, one launch (opt-in too) | ours (:mod:`.sampler`) |
 """
 
 from __future__ import annotations
@@ -52,11 +53,13 @@ _SOURCES = {
     "conv_transpose1d": ("zonos_accel.triton.vocoder", None),
     "sequence_tail": ("zonos_accel.triton.vocoder", None),
     "sample_rows": ("zonos_accel.triton.sampler", None),
+    "finish_rows": ("zonos_accel.triton.sampler", None),
 }
 OPS = tuple(_SOURCES)
-# What triton_backend runs by default: all but the fused sampler, which waits for its H200 measurement
-# (``Zonos.use_accelerators(fused_sampling=True)`` turns it on).
-DEFAULT_OPS = tuple(op for op in OPS if op != "sample_rows")
+# What triton_backend runs by default: all but the fused sampling and step bookkeeping, which wait for their H200
+# measurement (``Zonos.use_accelerators(fused_sampling=True)`` turns them on).
+FUSED_SAMPLING_OPS = ("sample_rows", "finish_rows")
+DEFAULT_OPS = tuple(op for op in OPS if op not in FUSED_SAMPLING_OPS)
 
 
 def fast_op(name: str):

@@ -9,6 +9,8 @@ are the reference's wherever float rounding of the softmax sums does not reorder
 (tests/test_sampler.py compares them on fresh logits).
 
 The sort-based filters (top-p, top-k) are not fused: a batch in which a row uses one runs the reference.
+
+:func:`finish_rows`, the step's EOS bookkeeping and column write (~20 torch kernels), is one program per slot.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
+from zonos.codebook_pattern import UNKNOWN
 from zonos.ops import sampler as reference
 
 
@@ -111,3 +114,70 @@ def sample_rows(
         num_warps=4,
     )  # fmt: skip
     return out
+
+
+@triton.jit
+def _finish_kernel(
+    tokens, active, delayed, offset, limit, remaining, stopping, steps, active_out,
+    columns, eos_id, masked_id, unknown,
+    s_t, s_dr, s_dq,
+    Q: tl.constexpr, BLOCK_Q: tl.constexpr,
+):  # fmt: skip
+    r = tl.program_id(0)
+    q = tl.arange(0, BLOCK_Q)
+    inside = q < Q
+    token = tl.load(tokens + r * s_t + q, mask=inside, other=0)
+    runs = tl.load(active + r) != 0
+    left = tl.load(remaining + r)
+    was_stopping = tl.load(stopping + r) != 0
+    at = tl.load(offset + r)
+    eos = tl.load(tokens + r * s_t) == eos_id
+    left = tl.where(eos, tl.minimum(left, Q), left)
+    now_stopping = was_stopping | eos
+    eos_codebook = tl.minimum(Q - left, Q - 1)
+    token = tl.where(now_stopping & (q < eos_codebook), masked_id, token)
+    token = tl.where(now_stopping & (q == eos_codebook), eos_id, token)
+    left = tl.where(runs, left - 1, tl.load(remaining + r))
+    tl.store(remaining + r, left)
+    tl.store(stopping + r, tl.where(runs, now_stopping, was_stopping))
+    column = tl.minimum(at + 1, columns - 1)
+    cell = delayed + r * s_dr + q * s_dq + column
+    existing = tl.load(cell, mask=inside, other=0)
+    tl.store(cell, tl.where(runs & (existing == unknown), token, existing), mask=inside)
+    at = at + runs.to(tl.int64)
+    tl.store(offset + r, at)
+    tl.store(steps + r, tl.load(steps + r) + runs.to(tl.int64))
+    tl.store(active_out + r, (left > 0) & (at < tl.load(limit + r)))
+
+
+def finish_rows(
+    tokens: torch.Tensor,
+    active: torch.Tensor,
+    delayed: torch.Tensor,
+    offset: torch.Tensor,
+    limit: torch.Tensor,
+    remaining: torch.Tensor,
+    stopping: torch.Tensor,
+    steps: torch.Tensor,
+    active_out: torch.Tensor,
+    eos_token_id: int,
+    masked_token_id: int,
+) -> None:
+    """Same contract as :func:`zonos.ops.sampler.finish_rows` (the per-slot buffers contiguous, as the slots keep
+    them)."""
+    n, q = tokens.shape
+    for t in (offset, limit, remaining, stopping, steps, active_out, active):
+        if t.dim() != 1 or t.stride(0) != 1:
+            return reference.finish_rows(
+                tokens, active, delayed, offset, limit, remaining, stopping, steps, active_out, eos_token_id,
+                masked_token_id,
+            )  # fmt: skip
+    if delayed.stride(-1) != 1:
+        raise ValueError("finish_rows needs the delayed codes' columns contiguous")
+    tokens = tokens.contiguous()
+    _finish_kernel[(n,)](
+        tokens, active, delayed, offset, limit, remaining, stopping, steps, active_out,
+        delayed.shape[-1], eos_token_id, masked_token_id, UNKNOWN,
+        tokens.stride(0), delayed.stride(0), delayed.stride(1),
+        Q=q, BLOCK_Q=triton.next_power_of_2(q), num_warps=1,
+    )  # fmt: skip

@@ -101,8 +101,8 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--fused-sampling",
         action="store_true",
-        help="sample each decode step's tokens in one Triton launch instead of ~70 torch kernels (CUDA only; "
-        "off by default until measured)",
+        help="sample each decode step's tokens and do its EOS bookkeeping in two Triton launches instead of ~100 "
+        "torch kernels (CUDA only; off by default until measured)",
     )
     p.add_argument(
         "--no-cuda-graphs",

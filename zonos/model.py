@@ -160,7 +160,7 @@ class Zonos(UsesOps, nn.Module):
         """Choose this model's op backend and graph capture (None: on where the device and installed packages
         allow, with a warning on CUDA when the Triton ops' packages are missing; the CuTeDSL GEMV stays off unless
         asked for). ``fused_sampling``: the decode step's per-row sampling as one Triton launch instead of 66-79 torch
-        kernels, and its EOS bookkeeping as one more instead of ~20 (with the fast ops; off until measured on an
+        kernels, and its EOS bookkeeping as one more instead of 30 (with the fast ops; off until measured on an
         H200). Takes effect at the next decode step (it waits
         for the running one); captured graphs are keyed by the backend, so the next step captures the new backend's.
         Other models in the process are unaffected.

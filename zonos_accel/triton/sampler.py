@@ -10,7 +10,7 @@ are the reference's wherever float rounding of the softmax sums does not reorder
 
 The sort-based filters (top-p, top-k) are not fused: a batch in which a row uses one runs the reference.
 
-:func:`finish_rows`, the step's EOS bookkeeping and column write (~20 torch kernels), is one program per slot.
+:func:`finish_rows`, the step's EOS bookkeeping and column write (30 torch ops), is one program per slot.
 """
 
 from __future__ import annotations

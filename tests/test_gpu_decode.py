@@ -314,6 +314,26 @@ def test_graph_with_triton_ops_equals_eager_reference():
 
 @cuda
 @pytest.mark.gpu
+@pytest.mark.parametrize("params", [{"min_p": 0.1}, {"temperature": 0.0}, {"linear": 0.5, "conf": 0.4, "quad": 0.2}])
+def test_fused_sampling_in_the_graph_gives_the_reference_codes(params):
+    """The fused sampler and step bookkeeping, replayed in the step graph with the other Triton ops, give the codes of
+    the eager reference run (EOS from step 30 on, so the bookkeeping's end runs too)."""
+    from zonos_accel.graphs import GraphCache
+    from zonos_accel.triton import DEFAULT_OPS, FUSED_SAMPLING_OPS, triton_backend
+
+    model = _model()
+    recorder = Recorder(model.eos_token_id, eos_at=30)
+    prefix = _prefix(12, 8)
+    eager, _, _ = _generate(model, recorder, prefix, params)
+    ops = tuple(op for op in DEFAULT_OPS if op != "ssd_scan") + FUSED_SAMPLING_OPS
+    model.set_backend(triton_backend(REFERENCE, ops), GraphCache("cuda"))
+    fast, _, _ = _generate(model, recorder, prefix, params)
+    assert model.engine.graphs.replays > 0
+    assert torch.equal(fast, eager)
+
+
+@cuda
+@pytest.mark.gpu
 def test_programmatic_dependent_launch_changes_no_result():
     """Our Triton kernels launched with PDL (the default) inside the graph give bit for bit the results of
     the same kernels launched in stream order: PDL only moves launches, never a read before a write."""

@@ -127,7 +127,7 @@ def run(
         realtime += (rec["end"] - first) <= length
     step_s = wall / max(steps, 1)
     floor = step_bytes(model, 2 * slots, prefix_tokens + frames // 2) / READ_BANDWIDTH
-    vocoding = engine._vocoding
+    vocoding = engine.vocoding
     model.engine.shutdown()
     return {
         "slots": slots,

@@ -257,7 +257,7 @@ def test_vocoder_batching_gives_each_stream_its_solo_audio(model, prefixes):
             codes = torch.cat([c.codes for c in got[i]], -1)
             assert torch.equal(codes, torch.cat([c.codes for c in alone[i]], -1)), i
             assert torch.equal(_audio(got[i]), _audio(alone[i])), i
-        vocoding = engine._vocoding
+        vocoding = engine.vocoding
         assert vocoding.most_rows == len(prefixes)  # at some tick all four streams pushed together
         assert not vocoding.members[4]  # all left
         # A banked stream cancelled: the other rows go on as they would alone.
@@ -297,6 +297,6 @@ def test_warmup_runs_streams_together(model):
         with pytest.raises(ZonosInputError, match="slots"):
             model.warmup(prefix_length=8, streams=5, progress_bar=False)
         model.warmup(prefix_length=8, frames=10, first_chunk_frames=1, chunk_frames=4, streams=3, progress_bar=False)
-        assert engine._vocoding.most_rows == 3 and engine.steps > 0 and not engine.busy
+        assert engine.vocoding.most_rows == 3 and engine.steps > 0 and not engine.busy
     finally:
         model.start_engine(slots=4)

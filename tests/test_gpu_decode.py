@@ -288,7 +288,7 @@ def test_vocoder_batching_streams_match_their_solo_streams():
         audio = torch.cat([c.audio for c in first + rest], -1)
         assert torch.equal(codes, solo[i][0]), i
         assert audio.shape == solo[i][1].shape and snr_db(audio, solo[i][1]) >= 60, i
-    assert engine._vocoding.most_rows >= 2 and engine._vocoding.pushes > 0
+    assert engine.vocoding.most_rows >= 2 and engine.vocoding.pushes > 0
 
 
 @pytest.mark.gpu

@@ -259,9 +259,9 @@ class Engine:
         self._watch = _ActiveWatch(slots, self.device)
         self.vocoder_streams = vocoder_streams
         self.vocoder_batching = vocoder_batching
-        self._vocoding = None
+        self.vocoding: BankedVocoding | None = None  # the vocoder banks (with vocoder_batching), and their counts
         if vocoder_batching:
-            self._vocoding = BankedVocoding(
+            self.vocoding = BankedVocoding(
                 model.autoencoder, slots, self.vocoder_graphs, self._casts, self._decoder, self._free_decoder,
                 self._side_stream,
             )  # fmt: skip
@@ -339,9 +339,9 @@ class Engine:
             self.graphs = graphs
             self.vocoder_graphs = graphs is not None
             self._decoders.clear()
-            if self._vocoding is not None:
-                self._vocoding.cuda_graphs = self.vocoder_graphs
-                self._vocoding.drop_idle()
+            if self.vocoding is not None:
+                self.vocoding.cuda_graphs = self.vocoder_graphs
+                self.vocoding.drop_idle()
 
     def prepare_prefill(self) -> None:
         """Capture every prefill piece size now (with graphs on), so no request of any prompt length captures."""
@@ -510,7 +510,7 @@ class Engine:
                 skip_frames=0 if r.emit_prefix else audio_len,
                 flush=r.flush,
             )
-            if self._vocoding is not None and self._vocoding.eligible(r):
+            if self.vocoding is not None and self.vocoding.eligible(r):
                 job.bank_phase = RAMP
 
     def _side_stream(self):
@@ -554,8 +554,8 @@ class Engine:
                 job.steps += 1
         for job in list(self._running):
             self._after_step(job)
-        if self._vocoding is not None and self._vocoding.pending:
-            self._vocoding.push_due(
+        if self.vocoding is not None and self.vocoding.pending:
+            self.vocoding.push_due(
                 self._delayed, self._hand_out, lambda job: self._end(job, deliver=True), self._running
             )
         seen = self._watch.poll(self.steps, slots.active, slots.stopping)
@@ -583,7 +583,7 @@ class Engine:
             if job.assembler is not None:
                 self._hand_out(job)
                 if job.assembler.due(job.offset) and job.row is not None:
-                    self._vocoding.due.append(job)  # pushed with its bank's other rows after this step
+                    self.vocoding.due.append(job)  # pushed with its bank's other rows after this step
                 elif job.assembler.due(job.offset):
                     job.assembler.take(self._delayed(job), job.offset, job.eos_free)
                     if job.assembler.finished:
@@ -591,7 +591,7 @@ class Engine:
                         return
                     job.pending.append(job.assembler.vocode(final=False))
                     if job.bank_phase is not None:
-                        self._vocoding.after_solo_push(job, self.steps)
+                        self.vocoding.after_solo_push(job, self.steps)
                     self._hand_out(job, wait_first=True)
             if job.offset >= job.limit:
                 self._end(job, deliver=True)
@@ -625,7 +625,7 @@ class Engine:
         result = None
         try:
             if job.row is not None:
-                self._vocoding.leave(job, keep=deliver and not job.cancelled())
+                self.vocoding.leave(job, keep=deliver and not job.cancelled())
             if deliver and not job.cancelled():
                 offset = int(self.slots.offset[job.index].max())
                 if job.assembler is None:
@@ -658,7 +658,7 @@ class Engine:
 
     def _release(self, job: _Job) -> None:
         if job.row is not None:
-            self._vocoding.leave(job, keep=False)
+            self.vocoding.leave(job, keep=False)
         for s in job.slots:
             self.slots.release(s)
         with self._cv:

@@ -617,3 +617,18 @@ def test_bank_rows_decode_what_their_streams_decode_alone(dtype):
         else:
             assert snr_db(got, alone) > 100, i
     assert bank.count == 0
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 4])
+def test_steady_state_size_counts_what_a_stream_holds(codec, chunk):
+    """The closed form that memory planning uses equals the values a stream's decoder state holds after steady
+    pushes of ``chunk`` frames (the real-size figure, 14.7 M at 16 frames, comes from the same formula)."""
+    from zonos.codec.streaming import _states, steady_state_size
+
+    dec = StreamingDACDecoder(codec)
+    codes = random_codes(1, 11 + 4 * chunk, seed=50)
+    dec.push(codes[..., :11])
+    for i in range(4):
+        dec.push(codes[..., 11 + i * chunk : 11 + (i + 1) * chunk])
+    held = sum(getattr(s, a).numel() for s, a in _states(dec) if isinstance(getattr(s, a), torch.Tensor))
+    assert held == steady_state_size(codec.dac.config, chunk)

@@ -300,3 +300,22 @@ def test_warmup_runs_streams_together(model):
         assert engine.vocoding.most_rows == 3 and engine.steps > 0 and not engine.busy
     finally:
         model.start_engine(slots=4)
+
+
+def test_memory_plan_counts_the_vocoders(model, monkeypatch):
+    """The start-up memory check counts each slot's decode state and its stream's vocoder state (twice with
+    vocoder_batching): a GPU with room for the decode state alone is refused, naming how many slots fit."""
+    from types import SimpleNamespace
+
+    from zonos.engine import check_memory, slot_bytes
+    from zonos.engine.engine import vocoder_bytes
+
+    gpu = SimpleNamespace(device=torch.device("cuda"), backbone=model.backbone)
+    state = slot_bytes(model, 160)
+    free = (2 * 2**30 + 9 * state + 4 * vocoder_bytes(False)) / 0.9  # the staging row, 8 slots, 4 vocoders
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (int(free), int(free)))
+    check_memory(gpu, 4, 160)  # 4 slots with their vocoders fit
+    with pytest.raises(ZonosInputError, match=r"8 slots of 160 tokens need .* at most 4 slots fit"):
+        check_memory(gpu, 8, 160)
+    with pytest.raises(ZonosInputError, match="at most 2 slots fit"):
+        check_memory(gpu, 4, 160, vocoder_batching=True)

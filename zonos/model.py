@@ -24,7 +24,7 @@ from zonos.errors import ZonosInputError
 from zonos.hub import resolve_file
 from zonos.ops.backend import REFERENCE, Backend, UsesOps, use_backend
 from zonos.sampling import SamplingParams
-from zonos.streaming import AudioChunk, check_chunk_sizes
+from zonos.streaming import DEFAULT_CHUNK_FRAMES, DEFAULT_FIRST_CHUNK_FRAMES, AudioChunk, check_chunk_sizes
 from zonos.utils import default_device, default_dtype, naming_compiles
 
 DEFAULT_CODEC = "descript/dac_44khz"
@@ -32,13 +32,6 @@ DEFAULT_SLOTS = 4  # slots of the engine that generate() runs on (concurrent gen
 # cuBLAS runs the heads' (2, 2048) × (9225, 2048)ᵀ product with a slow GEMV kernel for the odd N (23.8 µs per
 # step on the H200, where N = 8512 takes 11.6 µs), so the stacked heads get zero rows up to a multiple of 16.
 HEADS_ROW_MULTIPLE = 16
-# Streaming schedule (H200, benchmarks/streaming.py; docs/BENCHMARKS.md, decisions: DEFAULT_FIRST_CHUNK_FRAMES): a
-# 1-frame first chunk hands out audio ~3 ms sooner than a 2-frame one (48.0 vs 51.0 ms p50, where the decode steps
-# dominate) at the same real-time factor (5.32 vs 5.27); chunks then double up to 16 frames, where a streamed
-# frame's vocoder cost is 0.027 ms, 1.24-1.31x the one-shot decode's 0.021 (8 frames: 0.045, 2x). Steady chunks
-# arrive ~35 ms apart and play for 186 ms each.
-DEFAULT_FIRST_CHUNK_FRAMES = 1
-DEFAULT_CHUNK_FRAMES = 16
 
 
 class Zonos(UsesOps, nn.Module):

@@ -22,6 +22,14 @@ import torch
 from zonos.codebook_pattern import CODEBOOK_SIZE, N_CODEBOOKS, revert_delay_pattern
 from zonos.errors import ZonosInputError
 
+# Streaming schedule (H200, benchmarks/streaming.py; docs/BENCHMARKS.md, decisions: DEFAULT_FIRST_CHUNK_FRAMES): a
+# 1-frame first chunk hands out audio ~3 ms sooner than a 2-frame one (48.0 vs 51.0 ms p50, where the decode steps
+# dominate) at the same real-time factor (5.32 vs 5.27); chunks then double up to 16 frames, where a streamed
+# frame's vocoder cost is 0.027 ms, 1.24-1.31x the one-shot decode's 0.021 (8 frames: 0.045, 2x). Steady chunks
+# arrive ~35 ms apart and play for 186 ms each.
+DEFAULT_FIRST_CHUNK_FRAMES = 1
+DEFAULT_CHUNK_FRAMES = 16
+
 
 @dataclass
 class AudioChunk:

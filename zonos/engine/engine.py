@@ -34,13 +34,14 @@ from dataclasses import dataclass, field
 import torch
 
 from zonos.codebook_pattern import N_CODEBOOKS, UNKNOWN, apply_delay_pattern, revert_delay_pattern
-from zonos.codec.streaming import StreamingDACDecoder, WeightCasts
+from zonos.codec.dac import DACConfig
+from zonos.codec.streaming import StreamingDACDecoder, WeightCasts, steady_state_size
 from zonos.engine.slots import MAX_WINDOW, Slots
 from zonos.engine.vocoding import RAMP, BankedVocoding
 from zonos.errors import EngineClosedError, EngineFullError, ZonosInputError
 from zonos.ops.sampler import features, row_params_for, to_device
 from zonos.sampling import SamplingParams
-from zonos.streaming import AudioChunk, ChunkAssembler, playable
+from zonos.streaming import DEFAULT_CHUNK_FRAMES, AudioChunk, ChunkAssembler, playable
 
 SYNC_EVERY = 4  # steps between reads of the slots' flags (see _ActiveWatch); docs/BENCHMARKS.md, decisions: SYNC_EVERY
 JOIN_MARGIN_S = 0.05  # audio a running stream keeps buffered while requests join (see Engine._admit)
@@ -233,7 +234,7 @@ class Engine:
         self.model = model
         self.max_seqlen = max_seqlen or model.max_seqlen
         self.device = model.device
-        check_memory(model, slots, self.max_seqlen)
+        check_memory(model, slots, self.max_seqlen, vocoder_batching=vocoder_batching)
         self.slots = Slots(model, slots, self.max_seqlen)
         self.staging = model.backbone.allocate_inference_state(2, self.max_seqlen)
         self.queue_size = queue_size
@@ -748,17 +749,27 @@ def slot_bytes(model, max_seqlen: int) -> int:
     return caches + N_CODEBOOKS * max_seqlen * 8
 
 
-def check_memory(model, slots: int, max_seqlen: int, headroom: float = 0.1) -> None:
-    """Raise a clear error (naming the most slots that fit) when ``slots`` slots of ``max_seqlen`` tokens would not
-    fit in the GPU's free memory, keeping ``headroom`` of it (and 2 GiB) for activations, graphs and vocoders."""
+def vocoder_bytes(vocoder_batching: bool) -> int:
+    """Device bytes of streaming vocoder state one slot's stream may hold: the published codec's steady state at the
+    default chunk size in fp16 (28 MiB), twice with ``vocoder_batching`` (its bank row, and a decoder of its own while
+    it ramps up or ends)."""
+    return (2 if vocoder_batching else 1) * 2 * steady_state_size(DACConfig(), DEFAULT_CHUNK_FRAMES)
+
+
+def check_memory(model, slots: int, max_seqlen: int, headroom: float = 0.1, vocoder_batching: bool = False) -> None:
+    """Raise a clear error (naming the most slots that fit) when ``slots`` slots of ``max_seqlen`` tokens and their
+    streams' vocoder state would not fit in the GPU's free memory, keeping ``headroom`` of it (and 2 GiB) for
+    activations, graphs and weights cast for the vocoders."""
     if model.device.type != "cuda":
         return
     free, _ = torch.cuda.mem_get_info(model.device)
-    per_slot = slot_bytes(model, max_seqlen)
-    usable = free * (1 - headroom) - 2 * 2**30 - per_slot  # the staging state is one slot more
+    state = slot_bytes(model, max_seqlen)
+    per_slot = state + vocoder_bytes(vocoder_batching)
+    usable = free * (1 - headroom) - 2 * 2**30 - state  # the staging state is one slot more
     if slots * per_slot > usable:
         fits = max(int(usable // per_slot), 0)
         raise ZonosInputError(
-            f"{slots} slots of {max_seqlen} tokens need {slots * per_slot / 2**30:.1f} GiB, and {free / 2**30:.1f} GiB "
-            f"of the GPU is free: at most {fits} slots fit at this max_seqlen (or lower max_seqlen)"
+            f"{slots} slots of {max_seqlen} tokens need {slots * per_slot / 2**30:.1f} GiB with their streams' vocoder "
+            f"state, and {free / 2**30:.1f} GiB of the GPU is free: at most {fits} slots fit at this max_seqlen (or "
+            "lower max_seqlen)"
         )

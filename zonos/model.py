@@ -25,7 +25,7 @@ from zonos.hub import resolve_file
 from zonos.ops.backend import REFERENCE, Backend, UsesOps, use_backend
 from zonos.sampling import SamplingParams
 from zonos.streaming import DEFAULT_CHUNK_FRAMES, DEFAULT_FIRST_CHUNK_FRAMES, AudioChunk, check_chunk_sizes
-from zonos.utils import default_device, default_dtype, naming_compiles
+from zonos.utils import default_device, default_dtype, naming_compiles, power_buckets
 
 DEFAULT_CODEC = "descript/dac_44khz"
 DEFAULT_SLOTS = 4  # slots of the engine that generate() runs on (concurrent generate calls decode together)
@@ -121,7 +121,8 @@ class Zonos(UsesOps, nn.Module):
                 instead of cuBLAS (needs ``nvidia-cutlass-dsl``; prefill stays on cuBLAS).
             use_cute_scan: the prefill's Mamba2 SSD scan of up to 256 tokens (a sentence prompt) through our CuTeDSL
                 kernel, one launch per layer (needs ``nvidia-cutlass-dsl``).
-            fused_sampling: the decode step's sampling as one Triton launch (see :meth:`use_accelerators`).
+            fused_sampling: the decode step's sampling and EOS bookkeeping as two Triton launches (see
+                :meth:`use_accelerators`).
         """
         if backbone not in (None, "torch", "mamba_ssm"):
             raise ValueError(f"unknown backbone {backbone!r}: upstream's names are 'torch' and 'mamba_ssm'")
@@ -153,10 +154,9 @@ class Zonos(UsesOps, nn.Module):
         """Choose this model's op backend and graph capture (None: on where the device and installed packages
         allow, with a warning on CUDA when the Triton ops' packages are missing; the CuTeDSL GEMV stays off unless
         asked for). ``fused_sampling``: the decode step's per-row sampling as one Triton launch instead of 66-79 torch
-        kernels, and its EOS bookkeeping as one more instead of 30 (with the fast ops; off until measured on an
-        H200). Takes effect at the next decode step (it waits
-        for the running one); captured graphs are keyed by the backend, so the next step captures the new backend's.
-        Other models in the process are unaffected.
+        kernels, and its EOS bookkeeping as one more instead of 30 (with the fast ops; off until measured on an H200).
+        Takes effect at the next decode step (it waits for the running one); captured graphs are keyed by the
+        backend, so the next step captures the new backend's. Other models in the process are unaffected.
 
         Asking for one (True) that the machine cannot run raises an error naming what is missing.
         """
@@ -580,7 +580,7 @@ class Zonos(UsesOps, nn.Module):
             # Into the bank (ramp < 2 chunks, one aligning chunk, one steady push alone), then two bank pushes.
             lookahead = receptive_field(self.autoencoder.dac.config).lookahead_frames
             frames = max(frames, lookahead + first_chunk_frames + 6 * chunk_frames + N_CODEBOOKS)
-        counts = sorted({min(2**i, streams) for i in range(streams.bit_length() + 1)})
+        counts = power_buckets(streams)
         d = self.config.backbone.d_model
         rows = 2 if cfg_scale != 1.0 else 1
         generator = torch.Generator(self.device).manual_seed(0)  # leaves the caller's random streams alone

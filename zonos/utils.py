@@ -19,6 +19,12 @@ def default_dtype(device: torch.device) -> torch.dtype:
     return torch.float32 if device.type == "cpu" else torch.bfloat16
 
 
+def power_buckets(n: int) -> tuple[int, ...]:
+    """1, 2, 4, ... up to ``n``, and ``n``: the batch sizes CUDA graphs are captured for, so that a batch of ``b``
+    runs in the smallest bucket that holds it (at most twice its size)."""
+    return tuple(sorted({min(2**i, n) for i in range(n.bit_length() + 1)}))
+
+
 def tensor_version(t: torch.Tensor) -> int:
     """How many times ``t`` was changed in place (``t._version``); 0 for an inference tensor, which keeps no count
     (it can change only inside ``torch.inference_mode``, and such a change goes unseen by caches keyed on this)."""

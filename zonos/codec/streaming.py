@@ -66,7 +66,7 @@ from zonos.codec.autoencoder import DACAutoencoder, check_code_range, decode_pre
 from zonos.codec.dac import DAC, DACConfig, ResidualUnit, Snake1d, conv_dtype
 from zonos.ops.backend import REFERENCE, Backend
 from zonos.ops.vocoder import Scratch
-from zonos.utils import tensor_version
+from zonos.utils import power_buckets, tensor_version
 
 __all__ = [
     "StreamingDACDecoder",
@@ -905,7 +905,7 @@ class DecoderBank:
         self.rows = rows
         self.chunk = chunk
         self.count = 0  # rows holding a stream: 0 .. count - 1
-        self.buckets = sorted({min(2**i, rows) for i in range(rows.bit_length() + 1)})
+        self.buckets = power_buckets(rows)
         self._key: tuple | None = None  # the rows' state shapes (batch left out) and ints
 
     def admit(self, solo: StreamingDACDecoder) -> int:

@@ -42,6 +42,7 @@ from zonos.errors import EngineClosedError, EngineFullError, ZonosInputError
 from zonos.ops.sampler import features, row_params_for, to_device
 from zonos.sampling import SamplingParams
 from zonos.streaming import DEFAULT_CHUNK_FRAMES, AudioChunk, ChunkAssembler, playable
+from zonos.utils import power_buckets
 
 SYNC_EVERY = 4  # steps between reads of the slots' flags (see _ActiveWatch); docs/BENCHMARKS.md, decisions: SYNC_EVERY
 JOIN_MARGIN_S = 0.05  # audio a running stream keeps buffered while requests join (see Engine._admit)
@@ -240,7 +241,7 @@ class Engine:
         self.queue_size = queue_size
         self.graphs = graphs
         self.vocoder_graphs = graphs is not None
-        self.buckets = tuple(sorted({min(2**i, slots) for i in range(slots.bit_length() + 1)}))
+        self.buckets = power_buckets(slots)
         self._queue: deque[_Job] = deque()
         self._running: list[_Job] = []
         self._free = list(range(slots))
@@ -583,17 +584,18 @@ class Engine:
                     return
             if job.assembler is not None:
                 self._hand_out(job)
-                if job.assembler.due(job.offset) and job.row is not None:
-                    self.vocoding.due.append(job)  # pushed with its bank's other rows after this step
-                elif job.assembler.due(job.offset):
-                    job.assembler.take(self._delayed(job), job.offset, job.eos_free)
-                    if job.assembler.finished:
-                        self._end(job, deliver=True)
-                        return
-                    job.pending.append(job.assembler.vocode(final=False))
-                    if job.bank_phase is not None:
-                        self.vocoding.after_solo_push(job, self.steps)
-                    self._hand_out(job, wait_first=True)
+                if job.assembler.due(job.offset):
+                    if job.row is not None:
+                        self.vocoding.due.append(job)  # pushed with its bank's other rows after this step
+                    else:
+                        job.assembler.take(self._delayed(job), job.offset, job.eos_free)
+                        if job.assembler.finished:
+                            self._end(job, deliver=True)
+                            return
+                        job.pending.append(job.assembler.vocode(final=False))
+                        if job.bank_phase is not None:
+                            self.vocoding.after_solo_push(job, self.steps)
+                        self._hand_out(job, wait_first=True)
             if job.offset >= job.limit:
                 self._end(job, deliver=True)
         except Exception as err:  # noqa: BLE001 - e.g. a callback's error: it ends this request only

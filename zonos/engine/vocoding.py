@@ -130,13 +130,14 @@ class BankedVocoding:
                 continue
             for job in jobs:
                 job.assembler.take(delayed(job), job.offset, job.eos_free)
+            due_now = {id(job) for job in jobs}  # (sets: a bank may hold hundreds of rows)
             for job in list(self.members[c]):
                 ready = sum(f.shape[-1] for f in job.assembler.ready)
-                if job not in jobs or job.assembler.finished or ready != c:
+                if id(job) not in due_now or job.assembler.finished or ready != c:
                     self.leave(job, keep=True)  # its stream ends in this chunk (or is out of step): alone
                     if job.assembler.finished:
                         finish(job)
-                    elif job in jobs:
+                    elif id(job) in due_now:
                         job.pending.append(job.assembler.vocode(final=False))
             pushing = list(self.members[c])
             if not pushing:
@@ -159,8 +160,9 @@ class BankedVocoding:
             for i, job in enumerate(pushing):
                 job.pending.append((job.assembler.pushed_chunk(codes[i : i + 1], audio[i : i + 1]), event))
                 hand_out(job)
+        still_running = {id(job) for job in running} if entering else set()
         for job in entering:
-            if job in running and job.decoder is not None and job.bank_phase == ENTER:  # (not ended meanwhile)
+            if id(job) in still_running and job.decoder is not None and job.bank_phase == ENTER:  # (not ended since)
                 self._enter(job)
 
     def drop_idle(self) -> None:

@@ -174,7 +174,8 @@ def test_bad_requests(model, prefixes, tmp_path):
     finally:
         gate.set()
         busy.result()
-    for bad in (dict(slots=0), dict(slots=True), dict(queue_size=-1), dict(vocoder_streams=0)):
+    bad_args = (dict(slots=0), dict(slots=True), dict(queue_size=-1), dict(vocoder_streams=0), dict(vocoder_batching=1))
+    for bad in bad_args:
         with pytest.raises(ZonosInputError, match="must be a"):
             Engine(model, **bad)
     small = Engine(model, slots=1, queue_size=1)

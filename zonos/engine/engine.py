@@ -232,6 +232,8 @@ class Engine:
             raise ZonosInputError(f"queue_size must be a non-negative int, got {queue_size!r}")
         if isinstance(vocoder_streams, bool) or not isinstance(vocoder_streams, int) or vocoder_streams < 1:
             raise ZonosInputError(f"vocoder_streams must be a positive int, got {vocoder_streams!r}")
+        if not isinstance(vocoder_batching, bool):
+            raise ZonosInputError(f"vocoder_batching must be a bool (True or False), got {vocoder_batching!r}")
         self.model = model
         self.max_seqlen = max_seqlen or model.max_seqlen
         self.device = model.device

@@ -14,6 +14,7 @@ import json
 import math
 import random
 import signal
+import time
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -53,11 +54,13 @@ def time_limit(seconds: float) -> Iterator[None]:
         signal.signal(signal.SIGALRM, previous)
 
 
-def run_case(label: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[bool, Any]:
+def run_case(
+    label: str, fn: Callable[..., Any], *args: Any, seconds: float = CASE_SECONDS, **kwargs: Any
+) -> tuple[bool, Any]:
     """``(True, fn(*args, **kwargs))``, or ``(False, error)`` for a ZonosInputError; anything else (including
-    running past CASE_SECONDS) fails with ``label``."""
+    running past ``seconds``) fails with ``label``."""
     try:
-        with time_limit(CASE_SECONDS), warnings.catch_warnings():
+        with time_limit(seconds), warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # the int16-scale warning is expected for some cases
             return True, fn(*args, **kwargs)
     except ZonosInputError as e:
@@ -287,25 +290,32 @@ def test_fuzz_sampling_params():
             assert all(isinstance(getattr(p, f), (int, float)) and math.isfinite(getattr(p, f)) for f in params)
 
 
-def test_fuzz_generate(model):
-    rng = random.Random(4)
-    good_prefix = model.prepare_conditioning(make_cond_dict(text="Hello there.", device="cpu"))
+def _fuzz_generate(
+    model: Any, good_prefix: torch.Tensor, rng: random.Random, cases: int, seconds: float = CASE_SECONDS
+) -> int:
+    """``cases`` random generate calls on ``model`` from ``good_prefix`` and damaged copies of it, each within
+    ``seconds``; returns how many generated."""
+    device = model.device
+
+    def codes(high: int, shape: tuple[int, ...], dtype: torch.dtype = torch.long) -> torch.Tensor:
+        return torch.randint(0, high, shape).to(dtype).to(device)
+
     good = {
-        "audio_prefix_codes": [None, lambda: torch.randint(0, 1024, (1, 9, 3)),
-                               lambda: torch.randint(0, 256, (1, 9, 3)).to(torch.uint8),
-                               lambda: torch.randint(0, 1024, (1, 9, 3)).to(torch.int16)],
+        "audio_prefix_codes": [None, lambda: codes(1024, (1, 9, 3)), lambda: codes(256, (1, 9, 3), torch.uint8),
+                               lambda: codes(1024, (1, 9, 3), torch.int16)],
         "max_new_tokens": [1, 3, 5, np.int64(4)],
         "cfg_scale": [2.0, 1.0, 1, 0.0, 5.0, np.float32(1.5)],
         "batch_size": [1, 1, 2],
         "sampling_params": [None, {}, {"min_p": 0.1}, {"temperature": 0}, {"top_k": 5, "top_p": 0.9},
                             {"linear": 0.5, "conf": 0.4, "quad": 0.1}, {"temperature": 1e-30},
                             {"repetition_penalty": 1e-30, "repetition_penalty_window": 4}],
-        "generator": [None, lambda: torch.Generator().manual_seed(rng.randrange(100))],
+        "generator": [None, lambda: torch.Generator(device).manual_seed(rng.randrange(100))],
     }  # fmt: skip
+    other = "cpu" if device.type == "cuda" else "meta"
     bad = {
         "prefix_conditioning": [lambda: sprinkle(good_prefix, NAN, rng), lambda: sprinkle(good_prefix, INF, rng),
                                 good_prefix[:, :0], good_prefix[..., :32], good_prefix.long(), good_prefix[0],
-                                good_prefix.repeat(3, 1, 1), "prefix"],
+                                good_prefix.repeat(3, 1, 1), lambda: good_prefix.to(other), "prefix"],
         "audio_prefix_codes": [lambda: torch.full((1, 9, 2), 1024), lambda: torch.full((1, 9, 2), -1),
                                lambda: torch.rand(1, 9, 2), lambda: torch.zeros(1, 8, 2, dtype=torch.long),
                                lambda: torch.zeros(3, 9, 2, dtype=torch.long), [[0, 1]] * 9],
@@ -316,26 +326,51 @@ def test_fuzz_generate(model):
                             {"conf": NAN, "linear": 0.5}, {"top_k": NAN}, {"top_k": 2.5},
                             {"repetition_penalty_window": 2.5}, {"repetition_penalty_window": True},
                             {"min_p": "0.1"}, {"nucleus": 0.9}, "min_p=0.1"],
-        "generator": [5, lambda: np.random.default_rng(0)],
+        "generator": [5, lambda: np.random.default_rng(0)]
+                     + ([lambda: torch.Generator()] if device.type == "cuda" else []),
     }  # fmt: skip
     generated = 0
-    for i in range(40):
+    for i in range(cases):
         kwargs = {key: pick(rng, options) for key, options in good.items()}
         kwargs["prefix_conditioning"] = good_prefix
         for key in rng.sample(sorted(bad), rng.choice([0, 0, 1, 1, 2])):
             kwargs[key] = pick(rng, bad[key])
-        label = f"case {i}: generate({describe(**kwargs)})"
-        ok, codes = run_case(label, model.generate, **kwargs, progress_bar=False)
+        label = f"case {i}: generate({describe(**kwargs)}) on {device}"
+        ok, out = run_case(label, model.generate, **kwargs, progress_bar=False, seconds=seconds)
         if not ok:
             continue
         generated += 1
         frames = kwargs["max_new_tokens"] + (0 if kwargs["audio_prefix_codes"] is None else 3)
-        assert codes.dtype == torch.long and codes.ndim == 3 and codes.shape[1] == 9, label
-        assert codes.shape[0] == int(kwargs["batch_size"]) and codes.shape[2] <= frames, label
-        assert codes.numel() == 0 or (0 <= int(codes.min()) and int(codes.max()) < 1024), label
-        if codes.shape[-1] >= 2:
-            assert bool(codes.any()), f"{label}: silent all-zero codes"
-    assert generated >= 8
+        assert out.dtype == torch.long and out.ndim == 3 and out.shape[1] == 9, label
+        assert out.shape[0] == int(kwargs["batch_size"]) and out.shape[2] <= frames, label
+        assert out.numel() == 0 or (0 <= int(out.min()) and int(out.max()) < 1024), label
+        if out.shape[-1] >= 2:
+            assert bool(out.any()), f"{label}: silent all-zero codes"
+    return generated
+
+
+def _hello(model: Any) -> torch.Tensor:
+    return model.prepare_conditioning(make_cond_dict(text="Hello there.", device=model.device))
+
+
+def test_fuzz_generate(model):
+    assert _fuzz_generate(model, _hello(model), random.Random(4), 40) >= 8
+
+
+@pytest.mark.gpu
+def test_fuzz_generate_on_cuda(checkpoint):
+    """The same cases on a CUDA model with every accelerator that runs here (Triton ops, fused sampling, CUDA
+    graphs): inputs on the wrong device, a CPU generator, NaN in a GPU prefix are refused as on the CPU."""
+    from zonos.model import Zonos
+
+    m = Zonos.from_local(*checkpoint, device="cuda", dtype=torch.float32, autoencoder=tiny_codec("cuda"),
+                         max_seqlen=160)  # fmt: skip
+    m.use_accelerators(fast_ops=True, cuda_graphs=True, fused_sampling=True)
+    # A random prefix (2 rows: conditional, unconditional) stands in for the conditioning, which needs eSpeak.
+    prefix = torch.randn(2, 24, 64, device="cuda", generator=torch.Generator("cuda").manual_seed(0))
+    # A case may pay for compiling a kernel or capturing a graph of a new batch size: minutes on a fresh machine.
+    assert _fuzz_generate(m, prefix, random.Random(16), 40, seconds=240) >= 8
+    assert _fuzz_generate_streams(m, prefix, random.Random(17), 20, seconds=240) >= 4
 
 
 # -- speaker embedding ---------------------------------------------------------------------------------------
@@ -537,3 +572,171 @@ def test_fuzz_codec_from_local(tmp_path):
         (directory / "model.safetensors").write_bytes(weights[: rng.randrange(len(weights))] if i % 2 else weights)
         label = f"case {i}: DACAutoencoder.from_local with {key}={cfg[key]!r}, truncated={bool(i % 2)}"
         run_case(label, DACAutoencoder.from_local, directory)
+
+
+# -- text: the number normalizer, the phonemizer and the segmenter -------------------------------------------------
+
+TEXT_PARTS = ["1", "12", "1,234", "0", "007", "3.14", "$", "£", "%", "1st", "22nd", "3rd", "th", ".", ",", " ", "-",
+              "a", "Word", "e5", "1e10", "½", "٣", "９", "\u200b", "\x00", "\ud800", "😀", "日本", "é", "<", ">", "_",
+              "\n", "\t", "...", "?!"]  # fmt: skip
+
+
+def _random_text(rng: random.Random) -> str:
+    pieces = []
+    for _ in range(rng.randint(1, 12)):
+        pieces.append(rng.choice(TEXT_PARTS))
+        if rng.random() < 0.3:  # a digit run, up to well past what inflect spells (36 digits)
+            pieces.append("".join(rng.choice("0123456789") for _ in range(rng.randint(1, 60))))
+    return "".join(pieces)
+
+
+def test_fuzz_number_normalizer():
+    """normalize_numbers never raises and leaves no ASCII digit for the phonemizer to read on its own."""
+    from zonos.conditioning.text_normalization import normalize_numbers
+
+    rng = random.Random(11)
+    for i in range(400):
+        text = _random_text(rng)
+        with time_limit(CASE_SECONDS):
+            out = normalize_numbers(text)
+        assert isinstance(out, str) and not any(c in "0123456789" for c in out), f"case {i}: {text!r} -> {out!r}"
+
+
+def test_fuzz_random_text_through_conditioning(model):
+    """Random text (numbers, symbols, control characters, lone surrogates, other scripts) is conditioned or
+    refused as input; a refusal says why. (Long digit runs are read out word by word, so many prefixes are past the
+    tiny model's 160 positions: a refusal too.)"""
+    rng = random.Random(12)
+    made = conditioned = 0
+    for i in range(60):
+        text = _random_text(rng)
+        language = rng.choice(["en-us", "en-us", "de", "fr-fr"])
+        label = f"case {i}: make_cond_dict(text={text!r}, language={language!r})"
+        ok, cond = run_case(label, make_cond_dict, text=text, language=language, device="cpu")
+        if ok:
+            made += 1
+            _check_cond(cond, label)
+            ok, prefix = run_case(label + " -> prepare_conditioning", model.prepare_conditioning, cond)
+            conditioned += ok
+            if ok:
+                assert bool(prefix.isfinite().all()), label
+    assert made >= 30 and conditioned >= 5
+
+
+def test_fuzz_split_text():
+    from zonos.conditioning.segments import split_text, text_cost
+
+    rng = random.Random(13)
+    for i in range(200):
+        text = pick(rng, [lambda: _random_text(rng) * rng.randint(1, 30), "", "   ", None, 5, b"text"])
+        budget = pick(rng, [300, 40, 1, 7, 0, -5, 2.5, True, "300", None])
+        label = f"case {i}: split_text({short(text)}, {budget!r})"
+        ok, segments = run_case(label, split_text, text, budget)
+        if ok:
+            assert segments and all(isinstance(s, str) and s == s.strip() and s for s in segments), label
+            assert "".join("".join(s.split()) for s in segments) == "".join(text.split()), label
+            for s in segments:  # over the budget only as one word that is longer than it
+                assert text_cost(s) <= budget or len(s.split()) == 1, f"{label}: {s!r}"
+
+
+# -- streaming, the engine's handles and long-form speech ---------------------------------------------------------
+
+
+def _settles(engine: Any, seconds: float = 5.0) -> bool:
+    """Whether the engine holds no request within ``seconds`` (a cancelled one frees its slot at the next step)."""
+    deadline = time.monotonic() + seconds
+    while engine.busy:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    return True
+
+
+def _fuzz_generate_streams(
+    model: Any, prefix: torch.Tensor, rng: random.Random, cases: int, seconds: float = CASE_SECONDS
+) -> int:
+    """``cases`` random streams and handles on ``model`` from ``prefix``, each within ``seconds``; returns how
+    many streamed."""
+    good = dict(max_new_tokens=[4, 6, np.int64(5)], first_chunk_frames=[1, 2, 4, 16, np.int64(3)],
+                chunk_frames=[1, 2, 4, 16], cfg_scale=[2.0, 1.0, 3.5])  # fmt: skip
+    bad = dict(max_new_tokens=[0, "6", None], first_chunk_frames=[0, -1, True, 2.5, "4", None],
+               chunk_frames=[0, -1, True, 2.5, "4", None], cfg_scale=[NAN, INF, None])  # fmt: skip
+    streamed = 0
+    for i in range(cases):
+        kwargs = {k: pick(rng, bad[k] if rng.random() < 0.15 else good[k]) for k in good}
+        kwargs.update(generator=torch.Generator(model.device).manual_seed(i), progress_bar=False)
+        via = rng.choice(["generate", "submit", "submit-result"])
+        abandon = rng.random() < 0.3
+        label = f"case {i}: {via}({describe(**kwargs)}), abandon={abandon}"
+
+        def run(via: str, kwargs: dict, abandon: bool) -> list:
+            if via == "submit-result":
+                return [model.submit(prefix, **kwargs).result()]
+            chunks = (
+                model.generate(prefix, stream=True, **kwargs)
+                if via == "generate"
+                else model.submit(prefix, stream=True, **kwargs)
+            )
+            out = []
+            for chunk in chunks:
+                out.append(chunk)
+                if abandon:
+                    (chunks.close if via == "generate" else chunks.cancel)()
+                    break
+            return out
+
+        ok, out = run_case(label, run, via, kwargs, abandon, seconds=seconds)
+        if ok and via == "submit-result":
+            codes = out[0]
+            assert codes.shape[:2] == (1, 9) and 0 <= int(codes.min()) and int(codes.max()) < 1024, label
+        elif ok:
+            streamed += 1
+            assert out, f"{label}: no chunk"
+            start = 0
+            for chunk in out:
+                assert chunk.frames[0] == start and chunk.audio.shape[-1] == 512 * (chunk.frames[1] - start), label
+                assert bool(chunk.audio.isfinite().all()), label
+                start = chunk.frames[1]
+            assert abandon or out[-1].final, label
+        assert _settles(model.engine), f"{label}: the engine still holds work"
+    return streamed
+
+
+def test_fuzz_streams_and_handles(model):
+    """generate(stream=True) and submit with good and bad schedules and arguments; some streams are abandoned
+    after their first chunk. A stream's chunks tile its frames and samples, and each request after a bad or
+    abandoned one still runs (the engine is left ready)."""
+    assert _fuzz_generate_streams(model, _hello(model), random.Random(14), 30) >= 5
+
+
+def test_fuzz_speak_segments(model):
+    from zonos.longform import speak_segments
+
+    rng = random.Random(15)
+    spoken = 0
+    for i in range(20):
+        good = rng.random() < 0.6
+        segments = pick(rng, [["Hello there.", "How are you?"], ["One."], ("Hi.", "Yes.", "No.")] if good else
+                        [[], ["Hi.", ""], ["\u200b"], [5], "Hello there.", "Hi", None])  # fmt: skip
+        cond = pick(rng, [None, {}, {"language": "de"}, {"emotion": [1.0] * 8}] if rng.random() < 0.7 else
+                    [{"language": "xx"}, {"text": "no"}, {"speaker": torch.full((128,), NAN)}, "en-us"])  # fmt: skip
+        stream = rng.random() < 0.5
+        kwargs = dict(max_new_tokens=pick(rng, [4, 4, 4, 0]), progress_bar=False,
+                      generator=torch.Generator().manual_seed(i))  # fmt: skip
+        label = f"case {i}: speak_segments({describe(segments=segments, cond=cond)}, stream={stream})"
+
+        def run(segments: Any, cond: Any, stream: bool, kwargs: dict) -> Any:
+            out = speak_segments(model, segments, cond=cond, stream=stream, **kwargs)
+            return list(out) if stream else out
+
+        ok, out = run_case(label, run, segments, cond, stream, kwargs)
+        if ok:
+            spoken += 1
+            if stream:
+                assert out and out[-1].final and all(bool(c.audio.isfinite().all()) for c in out), label
+                codes = torch.cat([c.codes for c in out], -1)
+            else:
+                codes = out
+            assert codes.shape[:2] == (1, 9) and codes.shape[-1] > 0 and bool(codes.any()), label
+        assert _settles(model.engine), label
+    assert spoken >= 4

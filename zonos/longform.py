@@ -10,13 +10,18 @@ the one-shot decode of all segments' codes concatenated. Split the text with
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 import torch
 
 from zonos.conditioning import make_cond_dict
 from zonos.errors import ZonosInputError
 from zonos.streaming import AudioChunk
+
+
+def _describe(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _prefixes(model, segments: list[str], cond: dict) -> Iterator[torch.Tensor]:
@@ -41,8 +46,19 @@ def speak_segments(
     emotion, ...); ``generate_kwargs`` go to every segment's :meth:`Zonos.generate` (``max_new_tokens`` is per
     segment; a ``generator`` is drawn from segment after segment, so a seeded one makes the whole utterance
     reproducible)."""
-    if not segments or any(not isinstance(s, str) or not s.strip() for s in segments):
-        raise ZonosInputError("segments must be a non-empty list of non-empty strings; split text with split_text")
+    if (
+        not isinstance(segments, (list, tuple))
+        or not segments
+        or any(not isinstance(s, str) or not s.strip() for s in segments)
+    ):
+        raise ZonosInputError(
+            f"segments must be a non-empty list of non-empty strings, got {_describe(segments)}; "
+            "split text with zonos.conditioning.segments.split_text"
+        )
+    if cond is not None and not isinstance(cond, Mapping):
+        raise ZonosInputError(f"cond must be a dict of make_cond_dict's arguments, got {type(cond).__name__}")
+    if cond is not None and "text" in cond:
+        raise ZonosInputError("cond holds 'text': the segments are the text; pass the other make_cond_dict arguments")
     for key in ("audio_prefix_codes", "batch_size", "callback"):
         if key in generate_kwargs:
             raise ZonosInputError(f"speak_segments sets {key} itself (one utterance, each segment continuing the last)")

@@ -308,8 +308,10 @@ def _fuzz_generate(
         "batch_size": [1, 1, 2],
         "sampling_params": [None, {}, {"min_p": 0.1}, {"temperature": 0}, {"top_k": 5, "top_p": 0.9},
                             {"linear": 0.5, "conf": 0.4, "quad": 0.1}, {"temperature": 1e-30},
-                            {"repetition_penalty": 1e-30, "repetition_penalty_window": 4}],
-        "generator": [None, lambda: torch.Generator(device).manual_seed(rng.randrange(100))],
+                            {"repetition_penalty": 1e-30, "repetition_penalty_window": 4},
+                            {"linear": 0.5, "conf": -0.5}, {"linear": 0.5, "quad": -2.0}, {"temperature": 1e6}],
+        "generator": [None, lambda: torch.Generator(device).manual_seed(rng.randrange(100)),
+                      lambda: torch.Generator().manual_seed(rng.randrange(100))],  # a CPU one serves any device
     }  # fmt: skip
     other = "cpu" if device.type == "cuda" else "meta"
     bad = {
@@ -320,14 +322,14 @@ def _fuzz_generate(
                                lambda: torch.rand(1, 9, 2), lambda: torch.zeros(1, 8, 2, dtype=torch.long),
                                lambda: torch.zeros(3, 9, 2, dtype=torch.long), [[0, 1]] * 9],
         "max_new_tokens": [0, -1, True, 2.0, "4", None],
-        "cfg_scale": [1e30, NAN, INF, "2", None, True],
+        "cfg_scale": [1e30, 1e300, NAN, INF, "2", None, True],
         "batch_size": [0, True, 2.5, "1"],
         "sampling_params": [{"temperature": NAN}, {"temperature": INF}, {"repetition_penalty": NAN},
                             {"conf": NAN, "linear": 0.5}, {"top_k": NAN}, {"top_k": 2.5},
                             {"repetition_penalty_window": 2.5}, {"repetition_penalty_window": True},
-                            {"min_p": "0.1"}, {"nucleus": 0.9}, "min_p=0.1"],
-        "generator": [5, lambda: np.random.default_rng(0)]
-                     + ([lambda: torch.Generator()] if device.type == "cuda" else []),
+                            {"min_p": "0.1"}, {"nucleus": 0.9}, "min_p=0.1", {"temperature": 1e39},
+                            {"linear": 3e38}, {"top_k": 2**63}],
+        "generator": [5, lambda: np.random.default_rng(0)],
     }  # fmt: skip
     generated = 0
     for i in range(cases):

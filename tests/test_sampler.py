@@ -35,6 +35,7 @@ ROWS = [
     SamplingParams(min_p=0.1, temperature=0.7),
     SamplingParams(min_p=0.05, repetition_penalty=1.5, repetition_penalty_window=64, linear=0.6, conf=0.2, quad=0.1),
     SamplingParams(temperature=0.0, repetition_penalty=2.0, repetition_penalty_window=8),
+    SamplingParams(linear=0.5, conf=-2.0, quad=-1.0),  # inverted weights: the masked columns must stay out
 ]
 
 

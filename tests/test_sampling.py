@@ -76,7 +76,7 @@ def test_bad_params(bad):
         ({"min_p": True}, "min_p must be a real number"),
         ({"top_k": True}, "top_k must be an integer, got the bool True"),
         ({"top_p": None}, "top_p must be a real number, got None"),
-        ({"repetition_penalty": 0}, r"repetition_penalty must lie in \(0, inf\)"),
+        ({"repetition_penalty": 0}, r"repetition_penalty must lie in \(0, 1e\+06\]"),
     ],
 )
 def test_non_finite_and_wrongly_typed_params_are_input_errors(bad, pattern):
@@ -97,3 +97,58 @@ def test_extreme_but_finite_params_never_give_nan_draws():
     assert sample_tokens(logits, SamplingParams(temperature=1e-40), generator=torch.Generator()).item() == 0
     params = SamplingParams(repetition_penalty=1e-30, repetition_penalty_window=3)
     assert sample_tokens(logits, params, torch.tensor([[[1, 1, 1]]]), torch.Generator()).item() == 1
+
+
+@pytest.mark.parametrize(
+    "weights",
+    [{"linear": 0.5, "conf": -0.5}, {"linear": 0.5, "quad": -2.0}, {"linear": 2.0, "conf": -2.0, "quad": -2.0}],
+)
+def test_inverted_unified_weights_never_draw_a_masked_token(weights):
+    """Negative unified weights (the demo's sliders reach -2) favour unlikely tokens, but a token of probability 0
+    (the masked pad and EOS columns) stays at 0: upstream's log(1e-20) score made those win and the codes all zero."""
+    from zonos.ops.sampler import RowParams, features, sample_rows
+
+    logits = torch.randn(64, 9, 1026, generator=torch.Generator().manual_seed(0))
+    logits[..., 1025] = float("-inf")
+    logits[:, 1:, 1024] = float("-inf")
+    params = SamplingParams(repetition_penalty=1.0, **weights)
+    tokens = sample_tokens(logits, params, generator=torch.Generator().manual_seed(1))[..., 0]
+    assert (tokens[:, 1:] < 1024).all() and (tokens < 1025).all()  # codebook 0 may end (EOS is 1024)
+    rows = RowParams.allocate(64, torch.device("cpu"))
+    for i in range(64):
+        rows.set_row(i, params)
+    keys = torch.arange(64), torch.zeros(64, dtype=torch.long)
+    per_row = sample_rows(logits, rows, torch.zeros(64, 9, 1, dtype=torch.long), torch.zeros(64, 1, dtype=torch.bool),
+                          *keys, features([params]))  # fmt: skip
+    assert (per_row[:, 1:] < 1024).all() and (per_row < 1025).all()
+    # The inverted draw favours the unlikely tokens: the mean logit drawn is below the mean logit.
+    finite = logits[:, 1:, :1024]
+    assert logits[:, 1:].gather(-1, tokens[:, 1:, None]).mean() < finite.mean()
+
+
+@pytest.mark.parametrize(
+    ("bad", "pattern"),
+    [
+        ({"temperature": 1e39}, "temperature must lie in"),
+        ({"temperature": 2e6}, "temperature must lie in"),
+        ({"linear": 3e38}, "linear must lie in"),
+        ({"conf": -3.5e38}, "conf must lie in"),
+        ({"quad": 1e7}, "quad must lie in"),
+        ({"repetition_penalty": 1e300}, "repetition_penalty must lie in"),
+        ({"top_k": 2**63}, "top_k must"),
+        ({"repetition_penalty_window": 2**40}, "repetition_penalty_window must"),
+    ],
+)
+def test_values_that_overflow_float32_sampling_are_refused(bad, pattern):
+    with pytest.raises(ZonosInputError, match=pattern):
+        SamplingParams.from_dict(bad)
+
+
+def test_a_penalty_factor_that_overflows_leaves_zero_logits_finite():
+    """penalty**count overflowing to inf must not turn a logit of exactly 0 into NaN (0 * inf)."""
+    params = SamplingParams(temperature=0, repetition_penalty=1e6, repetition_penalty_window=64)
+    logits = torch.tensor([[[0.0, -1.0, -5.0]]])
+    recent = torch.zeros(1, 1, 64, dtype=torch.long)  # token 0, 64 times: factor 1e384 = inf
+    penalized = apply_repetition_penalty(logits, recent, 1e6)
+    assert penalized[0, 0, 0] == 0 and not penalized.isnan().any()
+    assert sample_tokens(logits, params, recent).item() == 0

@@ -60,18 +60,25 @@ class SamplingParams:
         return cls(**checked)
 
 
+# Beyond these the float32 sampling arithmetic overflows (a temperature past 3.4e38 is infinite and turns the logits
+# into NaN; a unified weight of 1e38 times log(1e-20) is -inf for every token): the draws came out all zero. Values
+# this large carry no meaning anyway: a temperature of 1e6 is already a uniform draw.
+MAX_SAMPLING_WEIGHT = 1e6
+MAX_TOP_K = 2**31 - 1  # any k from the vocabulary size up keeps every token
+
 # name: (low, high, low end open, what the value means)
 _RANGES: dict[str, tuple[float | None, float | None, bool, str]] = {
-    "temperature": (0.0, None, False, "0 means greedy, 1 the model's distribution"),
+    "temperature": (0.0, MAX_SAMPLING_WEIGHT, False, "0 means greedy, 1 the model's distribution"),
     "top_p": (0.0, 1.0, False, "0 disables it"),
-    "top_k": (0, None, False, "0 disables it"),
+    "top_k": (0, MAX_TOP_K, False, "0 disables it"),
     "min_p": (0.0, 1.0, False, "0 disables it"),
-    "linear": (None, None, False, "the unified sampler's linear term; 0 disables the unified sampler"),
-    "conf": (None, None, False, "the unified sampler's entropy term"),
-    "quad": (None, None, False, "the unified sampler's quadratic term"),
-    "repetition_penalty": (0.0, None, True, "1 disables it; upstream's default is 3"),
-    "repetition_penalty_window": (1, None, False, "how many recent frames the penalty looks at"),
-}
+    "linear": (-MAX_SAMPLING_WEIGHT, MAX_SAMPLING_WEIGHT, False,
+               "the unified sampler's linear term; 0 or less disables the unified sampler"),
+    "conf": (-MAX_SAMPLING_WEIGHT, MAX_SAMPLING_WEIGHT, False, "the unified sampler's entropy term"),
+    "quad": (-MAX_SAMPLING_WEIGHT, MAX_SAMPLING_WEIGHT, False, "the unified sampler's quadratic term"),
+    "repetition_penalty": (0.0, MAX_SAMPLING_WEIGHT, True, "1 disables it; upstream's default is 3"),
+    "repetition_penalty_window": (1, MAX_TOP_K, False, "how many recent frames the penalty looks at"),
+}  # fmt: skip
 _INTEGER_FIELDS = frozenset({"top_k", "repetition_penalty_window"})
 
 
@@ -84,7 +91,7 @@ def apply_repetition_penalty(logits: torch.Tensor, recent: torch.Tensor, penalty
     factors = torch.ones_like(logits).scatter_reduce(
         2, recent, torch.full_like(recent, penalty, dtype=logits.dtype), "prod"
     )
-    return torch.where(logits <= 0, logits * factors, logits / factors)
+    return torch.where(logits < 0, logits * factors, logits / factors)  # 0 stays 0 if a factor overflows
 
 
 def _finite_top(logits: torch.Tensor) -> torch.Tensor:
@@ -94,9 +101,13 @@ def _finite_top(logits: torch.Tensor) -> torch.Tensor:
 
 
 def _unified(probs: torch.Tensor, linear: float, conf: float, quad: float) -> torch.Tensor:
+    """NovelAI's unified sampler. Tokens of probability 0 (masked, or underflowed) stay at 0: upstream scores them
+    as log(1e-20), which a negative weight (``linear + entropy * conf < 0``, or ``quad < 0``) turns into the
+    best score, so the masked pad and EOS ids won every draw and the codes came out all zero."""
     logp = probs.clamp_min(1e-20).log()
     entropy = -(probs * logp).sum(-1, keepdim=True)
-    return (logp * (linear + entropy * conf) - logp.square() * quad).softmax(-1)
+    scores = logp * (linear + entropy * conf) - logp.square() * quad
+    return scores.masked_fill(probs == 0, float("-inf")).softmax(-1)
 
 
 def _renormalize(probs: torch.Tensor) -> torch.Tensor:

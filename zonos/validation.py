@@ -16,7 +16,12 @@ import torch
 
 from zonos.errors import ZonosInputError
 
+# Guidance past this overflows the logits' float32 arithmetic (a scale of 1e300 is not even a float32); a scale of
+# 1e4 already leaves the unconditional logits no say.
+MAX_CFG_SCALE = 1e4
+
 __all__ = [
+    "MAX_CFG_SCALE",
     "check_code_tensor",
     "check_device",
     "check_finite",
@@ -146,8 +151,8 @@ def check_device(name: str, device: Any) -> torch.device:
 
 
 def check_generator(generator: Any, device: torch.device | str) -> None:
-    """``generator`` must be ``None`` or a ``torch.Generator`` on ``device`` (sampling draws on the model's
-    device; a CPU generator cannot drive CUDA sampling)."""
+    """``generator`` must be ``None`` or a ``torch.Generator`` on ``device`` or the CPU (the sequences' noise
+    seeds are drawn from it on its own device, so either works: the server seeds a CPU generator per request)."""
     if generator is None:
         return
     if not isinstance(generator, torch.Generator):
@@ -155,9 +160,9 @@ def check_generator(generator: Any, device: torch.device | str) -> None:
             f"generator must be a torch.Generator (or None), got {type(generator).__name__}; "
             f"e.g. torch.Generator(device='{torch.device(device).type}').manual_seed(0)"
         )
-    if not same_device(generator.device, device):
+    if generator.device.type != "cpu" and not same_device(generator.device, device):
         raise ZonosInputError(
-            f"generator is on {generator.device} but the model is on {device}; create it there: "
+            f"generator is on {generator.device} but the model is on {device}; create it there or on the CPU: "
             f"torch.Generator(device='{device}').manual_seed(seed)"
         )
 
@@ -199,16 +204,22 @@ def check_generate_args(
     batch_size)`` as Python ``int``, ``float``, ``int``.
 
     - ``batch_size`` and ``max_new_tokens``: positive integers (bools and floats refused);
-    - ``cfg_scale``: a finite real number (bools, strings and ``None`` refused);
+    - ``cfg_scale``: a real number within ±``MAX_CFG_SCALE`` (bools, strings and ``None`` refused);
     - ``prefix``: a floating ``(rows, length ≥ 1, d_model)`` tensor on ``device``, finite, whose rows fit the
       guidance and batch (cond ‖ uncond pair shared by the batch, or one cond and one uncond row per item);
     - ``audio_prefix_codes``: ``None`` or integer codes ``(1 or batch_size, n_codebooks, frames)`` in
       ``0 .. codebook_size - 1`` (any integer dtype);
-    - ``generator``: ``None`` or a ``torch.Generator`` on ``device``.
+    - ``generator``: ``None`` or a ``torch.Generator`` on ``device`` or the CPU.
     """
     batch_size = check_int("batch_size", batch_size, 1, hint="the number of clips to generate, e.g. 1")
     max_new_tokens = check_int("max_new_tokens", max_new_tokens, 1, hint="frames to generate (86 ≈ one second)")
-    cfg_scale = check_real("cfg_scale", cfg_scale, hint="classifier-free guidance, e.g. 2.0 (1.0 turns it off)")
+    cfg_scale = check_real(
+        "cfg_scale",
+        cfg_scale,
+        -MAX_CFG_SCALE,
+        MAX_CFG_SCALE,
+        hint="classifier-free guidance, e.g. 2.0 (1.0 turns it off)",
+    )
     if not isinstance(prefix, torch.Tensor) or prefix.ndim != 3 or prefix.shape[-1] != d_model:
         got = f"shape {tuple(prefix.shape)}" if isinstance(prefix, torch.Tensor) else type(prefix).__name__
         raise ZonosInputError(

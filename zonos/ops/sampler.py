@@ -158,14 +158,15 @@ def sample_rows(
         ids = recent.clamp(0, logits.shape[-1] - 1).long()  # idle slots hold UNKNOWN (-1); their factors are 1
         factor = torch.where(recent_valid[:, None, :], _column(p.penalty), 1.0).expand(ids.shape)
         factors = torch.ones_like(logits).scatter_reduce(2, ids, factor.to(logits.dtype), "prod")
-        logits = torch.where(logits <= 0, logits * factors, logits / factors)
+        logits = torch.where(logits < 0, logits * factors, logits / factors)
     temperature = _column(p.temperature)
     sampled_rows = temperature > 0
     probs = torch.softmax(logits / torch.where(sampled_rows, temperature, 1.0), dim=-1)
     if unified:
         logp = probs.clamp_min(1e-20).log()
         entropy = -(probs * logp).sum(-1, keepdim=True)
-        mixed = (logp * (_column(p.linear) + entropy * _column(p.conf)) - logp.square() * _column(p.quad)).softmax(-1)
+        scores = logp * (_column(p.linear) + entropy * _column(p.conf)) - logp.square() * _column(p.quad)
+        mixed = scores.masked_fill(probs == 0, float("-inf")).softmax(-1)  # see zonos.sampling._unified
         probs = torch.where(_column(p.linear) > 0, mixed, probs)
     if top_p:
         sorted_p, idx = probs.sort(dim=-1, descending=True)

@@ -54,7 +54,7 @@ def _sample_kernel(
             token = tl.minimum(tl.maximum(token, 0), vocab - 1)  # idle slots hold UNKNOWN (-1)
             factor = tl.where(tl.load(valid + r * s_vr + j) != 0, p, 1.0)
             factors = tl.where(offs == token, factors * factor, factors)
-        x = tl.where(x <= 0, x * factors, x / factors)
+        x = tl.where(x < 0, x * factors, x / factors)
     t = tl.load(temperature + r)
     sampled = t > 0
     z = x / tl.where(sampled, t, 1.0)
@@ -66,7 +66,7 @@ def _sample_kernel(
         logp = tl.log(tl.maximum(probs, 1e-20))
         entropy = -tl.sum(tl.where(inside, probs * logp, 0.0), axis=0)
         u = logp * (lin + entropy * tl.load(conf + r)) - logp * logp * tl.load(quad + r)
-        u = tl.where(inside, u, float("-inf"))
+        u = tl.where(inside & (probs > 0), u, float("-inf"))  # probability-0 tokens stay out (sampling._unified)
         eu = tl.exp(u - tl.max(u, axis=0))
         eu = tl.where(inside, eu, 0.0)
         probs = tl.where(lin > 0, eu / tl.sum(eu, axis=0), probs)

@@ -44,7 +44,9 @@ try:  # optional at import time, so `--help` and the helpers work without the de
 except ImportError:  # pragma: no cover - exercised only without the demo extra
     gr = Request = None
 
+from zonos.audio import MAX_PREFIX_SECONDS
 from zonos.conditioning import make_cond_dict, normalize_language, supported_language_codes
+from zonos.conditioning.phonemes import MAX_TEXT_CHARS
 from zonos.errors import EngineFullError, ZonosInputError
 from zonos.model import DEFAULT_CHUNK_FRAMES, DEFAULT_FIRST_CHUNK_FRAMES, Zonos
 from zonos.utils import HelpFormatter
@@ -87,7 +89,7 @@ DEFAULT_UNCONDITIONAL = ("emotion",)
 DEFAULT_TEXT = "Zonos uses eSpeak for text to phoneme conversion!"
 MIN_SPEAKER_SECONDS = 0.5  # the speaker embedding's minimum; several seconds of clean speech work best
 SILENT_RMS = 1e-4  # -80 dBFS: nothing to take a voice from
-MAX_PREFIX_SECONDS = 30.0  # a prefix clip is cut here: its codes share max_seqlen with the generated frames
+MAX_REQUEST_BYTES = 64 * 1024  # a stream request's JSON: MAX_TEXT_CHARS of UTF-8 and the controls fit in 20 KB
 MAX_UPLOAD_BYTES = 50 * 1024 * 1024  # Gradio refuses larger uploads (a 30 s float32 stereo wav at 48 kHz is 11 MB)
 LOCK_TIMEOUT_S = 300.0  # how long a request waits for the previous one to release the model
 FIRST_SEND_WAIT_S = 0.25  # the most the decode loop waits for the route to write the first chunk
@@ -231,11 +233,13 @@ def _upload_key(kind: str, model: Zonos, path: str) -> tuple:
     return (kind, id(model), path, stat.st_size, stat.st_mtime_ns)
 
 
-def _read_clip(kind: str, path: str) -> tuple[torch.Tensor, int]:
+def _read_clip(kind: str, path: str, max_seconds: float) -> tuple[torch.Tensor, int]:
+    """The clip's first ``max_seconds`` (a small upload can decode to hours), checked for a usable sample rate
+    and finite samples."""
     from zonos.audio import load_audio
 
     try:
-        wav, sr = load_audio(path)
+        wav, sr = load_audio(path, max_seconds=max_seconds)
     except (OSError, ValueError) as e:
         raise ZonosInputError(f"Could not read the {kind} audio: {e}") from e
     if not bool(torch.isfinite(wav).all()):
@@ -255,7 +259,9 @@ def _speaker_embedding(model: Zonos, path: str) -> torch.Tensor:
     key = _upload_key("speaker", model, path)
     if key in _upload_cache:
         return _upload_cache[key]
-    wav, sr = _read_clip("speaker", path)
+    from zonos.speaker import MAX_SECONDS
+
+    wav, sr = _read_clip("speaker", path, MAX_SECONDS)  # the embedding trims to MAX_SECONDS anyway
     seconds = wav.shape[-1] / sr if sr > 0 else 0.0
     if seconds < MIN_SPEAKER_SECONDS:
         raise ZonosInputError(
@@ -280,8 +286,8 @@ def _prefix_codes(model: Zonos, path: str) -> torch.Tensor:
     key = _upload_key("prefix", model, path)
     if key in _upload_cache:
         return _upload_cache[key]
-    wav, sr = _read_clip("prefix", path)
-    wav = wav.mean(0, keepdim=True)[:, : max(int(MAX_PREFIX_SECONDS * sr), 1)]
+    wav, sr = _read_clip("prefix", path, MAX_PREFIX_SECONDS)
+    wav = wav.mean(0, keepdim=True)
     codec = model.autoencoder
     try:
         codes = codec.encode(codec.preprocess(wav, sr)[None])
@@ -1077,8 +1083,14 @@ def build_app(
     @app.post("/zonos/stream")
     async def stream(http: Request) -> Response:
         t_request = time.perf_counter()
+        body = bytearray()
+        async for part in http.stream():  # counted as it arrives: a client may send no Content-Length
+            body += part
+            if len(body) > MAX_REQUEST_BYTES:
+                message = f"the request is over {MAX_REQUEST_BYTES} bytes; text is at most {MAX_TEXT_CHARS} characters"
+                return JSONResponse({"error": message}, status_code=413)
         try:
-            values = await http.json()
+            values = json.loads(body)
             if not isinstance(values, dict):
                 raise ZonosInputError("the request body must be a JSON object of the demo's fields")
             request = SynthesisRequest.from_mapping(values)

@@ -392,6 +392,7 @@ def files(tmp_path_factory, clip):
     torch.save(torch.randn(64), d / "short.pt")
     torch.save({"format": cli.VOICE_FORMAT, "version": 1, "embedding": torch.full((128,), float("nan"))}, d / "nan.pt")
     sf.write(d / "tiny.wav", np.zeros(800, dtype=np.float32), 16000)
+    sf.write(d / "1hz.wav", np.full(2000, 0.1, dtype=np.float32), 1)  # 4 KB whose header claims 1 Hz
     (d / "notaudio.wav").write_bytes(b"\x00" * 100)
     (d / "nomodel").mkdir()
     return d
@@ -400,6 +401,7 @@ def files(tmp_path_factory, clip):
 SPEAK_CASES = [
     ([], "no text: give it as an argument"),
     (["  "], "the text is empty"),
+    (["<>"], "has nothing eSpeak can pronounce"),
     ([TEXT, "--text", "again"], "the text is given twice (TEXT and --text)"),
     (["-f", "{d}/missing.txt"], "-f {d}/missing.txt: no such file"),
     (["-f", "{d}/empty.txt"], "-f {d}/empty.txt is empty"),
@@ -433,6 +435,7 @@ SPEAK_CASES = [
     ([TEXT, "--voice", "{d}/short.pt"], "holds no 128-value speaker embedding"),
     ([TEXT, "--voice", "{d}/nan.pt"], "the embedding has NaN or infinite values"),
     ([TEXT, "--speaker-audio", "{d}/tiny.wav"], "0.05 s is too short"),
+    ([TEXT, "--speaker-audio", "{d}/1hz.wav"], "sample rate 1 Hz is outside 8000..768000 Hz"),
     ([TEXT, "--speaker-audio", "{d}/notaudio.wav"], "not a readable audio file"),
     ([TEXT, "--model", "{d}/missing"], "--model {d}/missing: no such directory, and not a Hugging Face repo id"),
     ([TEXT, "--model", "{d}/nomodel"], "the directory has no config.json or model.safetensors"),
@@ -467,6 +470,7 @@ def test_bad_speak_input_is_one_line_before_loading(argv, message, files, clip, 
     [
         (["voice", "{d}/missing.wav"], "CLIP {d}/missing.wav: no such file"),
         (["voice", "{d}/tiny.wav"], "too short"),
+        (["voice", "{d}/1hz.wav"], "sample rate 1 Hz is outside"),
         (["voice", "{clip}", "--out", "{d}/v.wav"], "would overwrite audio with a voice file; name it .pt"),
         (["voice", "{clip}", "--out", "{d}/none/v.pt"], "the directory {d}/none does not exist"),
         (["voice", "{clip}", "--speaker-model", "{d}/nomodel"], "the directory has no ResNet293_SimAM_ASP_base.pt"),

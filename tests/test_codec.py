@@ -5,6 +5,7 @@ Everything runs on CPU with a tiny random DAC (same strides as the real one, few
 
 from __future__ import annotations
 
+import io
 import math
 from pathlib import Path
 
@@ -364,8 +365,36 @@ def test_load_audio_errors(tmp_path):
         load_audio(tmp_path / "missing.wav")
     bad = tmp_path / "bad.wav"
     bad.write_bytes(b"this is not audio")
-    with pytest.raises(ValueError, match="could not read audio file"):
+    with pytest.raises(ZonosInputError, match="could not read .*bad.wav as audio"):
         load_audio(bad)
+    with pytest.raises(ZonosInputError, match="could not read the upload as audio"):
+        load_audio(io.BytesIO(b"RIFF not audio"), name="the upload")
+
+
+def test_load_audio_decodes_at_most_max_seconds(tmp_path):
+    """A small compressed file can hold hours: 20 minutes of a constant is a few KB of FLAC and 38 MB decoded. With
+    max_seconds only that much is decoded (peak allocation measured by tracemalloc, which numpy reports to); the
+    header's rate is checked before anything is decoded."""
+    import tracemalloc
+
+    sf = pytest.importorskip("soundfile")
+    path = tmp_path / "long.flac"
+    with sf.SoundFile(path, "w", 8000, 1, "PCM_16", format="FLAC") as f:
+        for _ in range(20 * 60 // 10):
+            f.write(np.full(80_000, 0.1, dtype=np.float32))
+    assert path.stat().st_size < 200_000
+    tracemalloc.start()
+    try:
+        wav, sr = load_audio(path, max_seconds=2.0)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert sr == 8000 and wav.shape == (1, 16_000) and abs(float(wav.mean()) - 0.1) < 1e-3
+    assert peak < 2_000_000, peak  # the whole file would be 38 MB
+    data = io.BytesIO()
+    sf.write(data, np.zeros(2000, np.float32), 1, format="WAV", subtype="FLOAT")  # 8 KB claiming 1 Hz
+    with pytest.raises(ZonosInputError, match="the upload: sample rate 1 Hz is outside 8000..768000 Hz"):
+        load_audio(io.BytesIO(data.getvalue()), name="the upload")
 
 
 def test_codes_to_latent_is_the_sum_of_every_stage(codec):

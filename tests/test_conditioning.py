@@ -582,3 +582,16 @@ if __name__ == "__main__":
         print(f"wrote {GOLDEN_PATH}")
     else:
         parser.print_help()
+
+
+def test_text_past_one_generation_is_refused_before_phonemizing() -> None:
+    """More than MAX_TEXT_CHARS cannot fit one generation; refused in microseconds, before eSpeak (whose cost grows
+    faster than the length) sees it, with the pointer to split_text."""
+    import time
+
+    from zonos.conditioning.phonemes import MAX_TEXT_CHARS
+
+    t0 = time.perf_counter()
+    with pytest.raises(ZonosInputError, match=f"{MAX_TEXT_CHARS + 1} characters.*split_text"):
+        make_cond_dict(text="a" * (MAX_TEXT_CHARS + 1), device="cpu")
+    assert time.perf_counter() - t0 < 0.05

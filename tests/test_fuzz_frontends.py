@@ -40,6 +40,12 @@ def _speech_like(seconds: float, sr: int, seed: int = 0) -> np.ndarray:
     return (0.3 * np.sin(2 * np.pi * 170 * t) * np.sin(2 * np.pi * 3 * t) + noise).astype(np.float32)
 
 
+def _write_long_flac(path: Path) -> None:
+    with sf.SoundFile(path, "w", 8000, 1, "PCM_16", format="FLAC") as f:
+        for _ in range(120):
+            f.write(np.full(80_000, 0.1, np.float32))
+
+
 @pytest.fixture(scope="module")
 def clips(tmp_path_factory) -> dict[str, Path]:
     """Good and bad clips and voice files, as a user might hand them over."""
@@ -53,6 +59,7 @@ def clips(tmp_path_factory) -> dict[str, Path]:
         "loud.wav": lambda p: sf.write(p, _speech_like(1.0, 16000) * 32767, 16000, subtype="FLOAT"),
         "nan.wav": lambda p: sf.write(p, np.full(16000, np.nan, np.float32), 16000, subtype="FLOAT"),
         "garbage.wav": lambda p: p.write_bytes(b"not audio at all" * 64),
+        "long.flac": _write_long_flac,  # 20 minutes in a few KB (a decode bomb)
         "empty.wav": lambda p: p.write_bytes(b""),
         "good.pt": lambda p: cli.save_voice(p, torch.randn(128) * 0.1),
         "nan.pt": lambda p: torch.save(
@@ -106,7 +113,7 @@ def _flag_values(clips: dict[str, Path]) -> dict[str, list]:
         "--chunk-frames": [["4"], ["0"], ["-3"]],
         "--sample-format": [["pcm16"], ["float"], ["double"]],
         "--voice": [[c["good.pt"]], [c["nan.pt"]], [c["junk.pt"]], [c["voice.wav"]], [c["missing.wav"]]],
-        "--speaker-audio": [[c["voice.wav"]], [c["stereo.flac"]], [c["short.wav"]], [c["silent.wav"]],
+        "--speaker-audio": [[c["voice.wav"]], [c["stereo.flac"]], [c["short.wav"]], [c["silent.wav"]], [c["long.flac"]],
                             [c["1hz.wav"]], [c["loud.wav"]], [c["nan.wav"]], [c["garbage.wav"]], [c["empty.wav"]]],
         "--speaker-embedding": [[c["voice.wav"]], [c["good.pt"]]],
         "--device": [["cpu"], ["mps"], ["nonsense"], ["cuda:9"]],
@@ -170,9 +177,10 @@ def _demo_values(uploads: dict[str, str]) -> dict[str, list]:
         "model_name": [None, "tiny", "other", 5],
         "speaker_audio": [None, "", uploads["voice.wav"], uploads["stereo.flac"], uploads["1hz.wav"],
                           uploads["silent.wav"], uploads["garbage.wav"], uploads["missing.wav"], "/etc/hostname",
+                          uploads["long.flac"],
                           {"path": uploads["voice.wav"]}, {"path": 5}, 7],
         "prefix_audio": [None, uploads["voice.wav"], uploads["short.wav"], uploads["nan.wav"], uploads["1hz.wav"],
-                         uploads["empty.wav"]],
+                         uploads["empty.wav"], uploads["long.flac"]],
         "happiness": [0.6, 0.0, *numbers],
         "neutral": [0.3, 1.0, *numbers],
         "vq_score": [0.78, 0.5, *numbers],
@@ -265,7 +273,7 @@ def test_fuzz_speech_server(server_client, clips):
     message; never a 5xx."""
     numbers = [NAN, INF, -1, 0, 1e30, True, "2", None, [1.0], {"a": 1}]
     audio = [_b64(clips["voice.wav"]), _b64(clips["1hz.wav"]), _b64(clips["garbage.wav"]), _b64(clips["silent.wav"]),
-             "not base64!", "", 5]  # fmt: skip
+             _b64(clips["long.flac"]), "not base64!", "", 5]  # fmt: skip
     native = {
         "input": ["Hello there.", "", "\u200b", "1" * 40, 5, None, "a" * 5000],
         "language": ["en-us", "de", "xx", 5],

@@ -243,6 +243,11 @@ def test_bad_input_answers_with_its_message(server, uploads):
     short = uploads / "short.wav"
     sf.write(short, 0.3 * np.random.default_rng(0).standard_normal(2400).astype(np.float32), 24000)
     assert "too short" in _error(server, speaker_audio=str(short))
+    long = uploads / "long.flac"  # 10 minutes in a few KB: only MAX_PREFIX_SECONDS of it are decoded
+    with sf.SoundFile(long, "w", 8000, 1, "PCM_16", format="FLAC") as f:
+        for _ in range(60):
+            f.write(np.full(80_000, 0.1, dtype=np.float32))
+    assert gi._read_clip("prefix", str(long), gi.MAX_PREFIX_SECONDS)[0].shape == (1, 8000 * 30)
     low = uploads / "low.wav"  # a header claiming 1 kHz: the library bounds the resampling cost
     sf.write(low, 0.3 * np.random.default_rng(0).standard_normal(2000).astype(np.float32), 1000)
     assert "sample rate 1000 Hz is outside" in _error(server, prefix_audio=str(low))
@@ -251,6 +256,9 @@ def test_bad_input_answers_with_its_message(server, uploads):
     assert "emotion" in _error(server, **no_emotion)
     assert "top_p" in _error(server, top_p=1.5)  # the sampler's own check, shown as it is
     assert "max_seqlen" in _error(server, max_new_tokens=1000)  # the tiny model holds 256 positions
+    assert "characters, more than one generation can speak" in _error(server, text="word " * 1000)
+    resp = httpx.post(server.url + "zonos/stream", content=b"{" + b" " * gi.MAX_REQUEST_BYTES + b"}")
+    assert resp.status_code == 413 and "over 65536 bytes" in resp.json()["error"]
     resp = httpx.post(server.url + "zonos/stream", content=b"{")
     assert resp.status_code == 400 and "property name" in resp.json()["error"]  # the JSON parser's message
     assert "JSON object" in httpx.post(server.url + "zonos/stream", json=[1]).json()["error"]
@@ -289,7 +297,7 @@ def test_speaker_audio_clones(model, server, uploads):
     model.spk_clone_model = SpeakerEmbedding.from_state_dicts(random_state(TINY), random_lda(TINY), config=TINY)
     try:
         _, audio = _stream(server, speaker_audio=str(clip), max_new_tokens=12)
-        speaker = model.make_speaker_embedding(*gi._read_clip("speaker", str(clip)))
+        speaker = model.make_speaker_embedding(*gi._read_clip("speaker", str(clip), 30.0))
         _assert_same_audio(audio, _one_shot(model, speaker=speaker, max_new_tokens=12))
         assert len([k for k in gi._upload_cache if k[0] == "speaker"]) == 1
         low = uploads / "low-speaker.wav"

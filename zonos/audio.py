@@ -15,6 +15,7 @@ import math
 import numbers
 import warnings
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 import torch
@@ -25,6 +26,7 @@ from zonos.errors import ZonosInputError
 
 __all__ = [
     "INT16_LIKE_PEAK",
+    "MAX_PREFIX_SECONDS",
     "MAX_SAMPLE_RATE",
     "MIN_SAMPLE_RATE",
     "check_sample_rate",
@@ -39,6 +41,8 @@ MAX_SAMPLE_RATE = 768_000  # the highest rate audio interfaces record at
 # A float waveform peaking above this was scaled like int16 PCM (x 32767), not [-1, 1]: an int16 recording
 # peaking below 32 (-60 dBFS) is near silence, while float audio rarely exceeds 1 by more than a little.
 INT16_LIKE_PEAK = 32.0
+# A clip to continue (audio_prefix_codes) is read up to here: its codes share max_seqlen with the generated frames.
+MAX_PREFIX_SECONDS = 30.0
 # Above this many polyphase weights (8 MB in float64) resample gathers taps instead of building the bank.
 _MAX_BANK = 1 << 20
 _GATHER_BLOCK = 1 << 16  # output samples per gathered block (with ~15-300 taps each)
@@ -186,21 +190,40 @@ def _resample_gather(
     return out
 
 
-def load_audio(path: str | Path) -> tuple[Tensor, int]:
-    """Read an audio file as ``(wav [channels, samples] float32, sample_rate)``."""
+def load_audio(
+    source: str | Path | BinaryIO, max_seconds: float | None = None, name: str = "the audio"
+) -> tuple[Tensor, int]:
+    """Read an audio file (a path, or a binary file object such as ``io.BytesIO`` of an upload) as
+    ``(wav [channels, samples] float32, sample_rate)``.
+
+    The header's sample rate is checked first (:func:`check_sample_rate`), so a file claiming 1 Hz costs nothing.
+    With ``max_seconds`` only the first ``max_seconds`` are decoded: a small compressed file can hold hours (a
+    355 KB FLAC of 4 h of a constant decodes to 1.2 GB), so readers of uploads bound what they decode.
+    Raises FileNotFoundError for a missing path and :class:`~zonos.errors.ZonosInputError` for an unreadable file
+    or a rate out of range; ``name`` stands for a file object in the messages.
+    """
     import soundfile as sf
 
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"audio file not found: {path}")
+    if isinstance(source, (str, Path)):
+        path = Path(source)
+        if not path.is_file():
+            raise FileNotFoundError(f"audio file not found: {path}")
+        source, name = str(path), str(path)
     try:
-        data, sr = sf.read(str(path), dtype="float32", always_2d=True)
+        f = sf.SoundFile(source)
     except Exception as e:  # libsndfile raises several types for corrupt/unsupported files
-        raise ValueError(
-            f"could not read audio file {path} ({e}). Formats readable by libsndfile include WAV, "
+        raise ZonosInputError(
+            f"could not read {name} as audio ({e}). Formats readable by libsndfile include WAV, "
             "FLAC, OGG/Vorbis and (libsndfile >= 1.1) MP3; convert the file first, e.g. with ffmpeg."
         ) from e
-    return torch.from_numpy(np.ascontiguousarray(data.T)), int(sr)
+    with f:
+        sr = check_sample_rate(f.samplerate, f"{name}: sample rate")
+        frames = -1 if max_seconds is None else max(1, int(max_seconds * sr))
+        try:
+            data = f.read(frames, dtype="float32", always_2d=True)
+        except Exception as e:  # a file truncated after its header
+            raise ZonosInputError(f"could not decode {name} ({e}); export or download it again") from e
+    return torch.from_numpy(np.ascontiguousarray(data.T)), sr
 
 
 def save_audio(path: str | Path, wav: Tensor, sr: int, subtype: str | None = None) -> None:

@@ -503,6 +503,7 @@ def _check_style(args: argparse.Namespace) -> dict[str, Any]:
 def _check_clip(path: str, flag: str) -> None:
     import soundfile as sf
 
+    from zonos.audio import check_sample_rate
     from zonos.speaker import MIN_SECONDS
 
     p = Path(path).expanduser()
@@ -512,6 +513,10 @@ def _check_clip(path: str, flag: str) -> None:
         info = sf.info(str(p))
     except Exception as e:  # libsndfile raises several types for unreadable files
         raise UsageError(f"{flag} {path}: not a readable audio file ({e}); convert it to wav or flac") from None
+    try:
+        check_sample_rate(info.samplerate, f"{flag} {path}: sample rate")
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     if info.frames < MIN_SECONDS * info.samplerate:
         raise UsageError(
             f"{flag} {path}: {info.frames / info.samplerate:.2f} s is too short; the voice needs at least "
@@ -523,9 +528,11 @@ def _check_phonemes(segments: Sequence[str], language: str) -> None:
     """Phonemize every segment now: a missing eSpeak, a voice it lacks or a missing Japanese extra is found
     before the model loads (the phonemes are cached, so conditioning does not redo the work)."""
     from zonos.conditioning import EspeakNotFoundError, MissingDependencyError, phonemize
+    from zonos.conditioning.phonemes import check_phonemes
 
     try:
-        phonemize(list(segments), [language] * len(segments))
+        for text, phonemes in zip(segments, phonemize(list(segments), [language] * len(segments))):
+            check_phonemes(text, language, phonemes)
     except (EspeakNotFoundError, MissingDependencyError, ValueError) as e:
         raise UsageError(f"text to phonemes ({language}): {e}") from None
 
@@ -831,13 +838,14 @@ def _plan_speak(args: argparse.Namespace, default_text: str | None):
 def _speak(args, out: _Output, segments: list[str], style: dict, sampling: dict, voice, device) -> int:
     from zonos.audio import load_audio
     from zonos.conditioning import make_cond_dict
+    from zonos.speaker import MAX_SECONDS
 
     stdout = sys.stdout.buffer if out.path is None else None
     with redirect_stdout(sys.stderr):  # stray prints must not mix with audio on stdout
         model = load_model(args, device)
         speaker = voice
         if args.speaker_audio:
-            speaker = model.make_speaker_embedding(*load_audio(args.speaker_audio))
+            speaker = model.make_speaker_embedding(*load_audio(args.speaker_audio, max_seconds=MAX_SECONDS))
         cond = dict(style, speaker=speaker, device=device)
         gen = dict(
             max_new_tokens=args.max_new_tokens,
@@ -912,11 +920,11 @@ def voice_main(argv: Sequence[str] | None = None, prog: str = "zonos-tts voice")
 
 def _voice(args: argparse.Namespace, out: Path, device) -> int:
     from zonos.audio import load_audio
-    from zonos.speaker import SpeakerEmbedding
+    from zonos.speaker import MAX_SECONDS, SpeakerEmbedding, check_speaker_clip
 
     t0 = time.perf_counter()
+    wav, sr = check_speaker_clip(*load_audio(args.clip, max_seconds=MAX_SECONDS))  # before the model loads
     speaker = SpeakerEmbedding.from_pretrained(args.speaker_model, device=device)
-    wav, sr = load_audio(args.clip)
     embedding = speaker.embed(wav, sr)
     save_voice(out, embedding, clip=Path(args.clip).name, seconds=wav.shape[-1] / sr, speaker_model=args.speaker_model)
     _log(f"wrote {out} in {time.perf_counter() - t0:.1f} s: use it with `zonos-tts speak --voice {out} ...`")

@@ -40,11 +40,16 @@ __all__ = [
     "check_phonemes",
     "check_text",
     "has_phonemes",
+    "MAX_TEXT_CHARS",
     "phonemize",
     "phonemize_text",
 ]
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+# One generation's text: the published models hold 4096 positions for prefix and frames, and text yields about a
+# phoneme per character, so longer text cannot fit one; refusing it first also bounds eSpeak's cost, which grows
+# faster than the length (50k characters: 2 s, 200k: 30 s).
+MAX_TEXT_CHARS = 4096
 _NUM_SPECIAL = 4
 _FIRST_SOUND_ID = 28  # ids below are the specials and the 24 punctuation marks
 
@@ -169,13 +174,19 @@ def clear_espeak_cache() -> None:
 
 
 def check_text(text: object, name: str = "text") -> str:
-    """A text to speak: a ``str`` that is not blank and encodes as UTF-8 (a lone surrogate such as ``'\\ud800'``,
-    e.g. from a badly decoded command line, cannot reach eSpeak). Raises :class:`ZonosInputError`."""
+    """A text to speak: a ``str`` that is not blank, at most :data:`MAX_TEXT_CHARS` long, and encodes as UTF-8 (a
+    lone surrogate such as ``'\\ud800'``, e.g. from a badly decoded command line, cannot reach eSpeak). Raises
+    :class:`ZonosInputError`."""
     if not isinstance(text, str):
         raise ZonosInputError(f"{name} must be a string, got {type(text).__name__}")
     if not text.strip():
         raise ZonosInputError(
             f"{name} is empty (or only whitespace); pass the sentence to speak, e.g. text='Hello there.'"
+        )
+    if len(text) > MAX_TEXT_CHARS:
+        raise ZonosInputError(
+            f"{name} is {len(text)} characters, more than one generation can speak ({MAX_TEXT_CHARS}); split it "
+            "with zonos.conditioning.segments.split_text and speak the pieces with zonos.longform.speak_segments"
         )
     try:
         text.encode("utf-8")

@@ -50,6 +50,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from zonos.audio import MAX_PREFIX_SECONDS
 from zonos.errors import EngineClosedError, EngineFullError, ZonosInputError
 from zonos.serve.encode import MEDIA_TYPES, OPUS_RATE, SAMPLE_RATE, StreamEncoder, available_formats
 
@@ -369,8 +370,9 @@ class _Service:
         )
 
     def embed_clip(self, data: bytes, param: str) -> torch.Tensor:
-        wav, sr = _read_clip(data, param)
-        from zonos.speaker import MIN_SECONDS
+        from zonos.speaker import MAX_SECONDS, MIN_SECONDS
+
+        wav, sr = _read_clip(data, param, MAX_SECONDS)  # the embedding trims to MAX_SECONDS anyway
 
         if wav.shape[-1] < MIN_SECONDS * sr:
             raise ApiError(
@@ -423,7 +425,7 @@ class _Service:
         segments = split_text(spec.text, self.settings.segment_chars)
         codes = None
         if spec.prefix_audio:
-            wav, sr = _read_clip(spec.prefix_audio, "prefix_audio")
+            wav, sr = _read_clip(spec.prefix_audio, "prefix_audio", MAX_PREFIX_SECONDS)
             ae = self.model.autoencoder
             with self.condition_lock, torch.inference_mode():
                 wav = ae.preprocess(wav.mean(0, keepdim=True)[None].to(self.model.device), sr)
@@ -538,19 +540,20 @@ def _longform() -> Callable | None:
     return getattr(module, "speak_segments", None)
 
 
-def _read_clip(data: bytes, param: str) -> tuple[torch.Tensor, int]:
-    import soundfile as sf
+def _read_clip(data: bytes, param: str, max_seconds: float) -> tuple[torch.Tensor, int]:
+    """An uploaded clip's first ``max_seconds`` (a small upload can decode to hours of audio)."""
+    from zonos.audio import load_audio
 
     try:
-        wav, sr = sf.read(io.BytesIO(data), dtype="float32", always_2d=True)
-    except Exception as e:  # libsndfile raises several types for unreadable audio
-        raise ApiError(
-            400, f"{param}: not a readable audio file ({type(e).__name__}); send wav, flac, ogg or mp3", "bad_audio",
-            param,
-        ) from None
-    if wav.shape[0] == 0:
+        wav, sr = load_audio(io.BytesIO(data), max_seconds=max_seconds, name=param)
+    except ZonosInputError as e:
+        if "sample rate" in str(e):
+            raise ApiError(400, str(e), "bad_sample_rate", param) from None
+        message = f"{param}: not a readable audio file; send wav, flac, ogg or mp3"
+        raise ApiError(400, message, "bad_audio", param) from None
+    if wav.shape[-1] == 0:
         raise ApiError(400, f"{param}: the audio file has no samples", "bad_audio", param)
-    return torch.from_numpy(np.ascontiguousarray(wav.T)), int(sr)
+    return wav, sr
 
 
 def _b64(value: str, param: str) -> bytes:

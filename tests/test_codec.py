@@ -522,7 +522,7 @@ def test_windows_without_enough_context_would_differ(codec, monkeypatch):
     assert not torch.equal(codec.encode(wav), one_pass)
 
 
-@pytest.mark.parametrize("dtype", [torch.uint8, torch.int16, torch.int32])
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int16, torch.int32, torch.uint16, torch.uint32, torch.uint64])
 def test_decode_accepts_codes_of_any_integer_dtype(codec, dtype):
     hi = 255 if dtype == torch.uint8 else 1023
     codes = torch.randint(0, hi + 1, (1, 9, 4), generator=torch.Generator().manual_seed(5))

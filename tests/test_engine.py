@@ -11,6 +11,7 @@ import torch
 
 from tests.test_model import _prefix
 from tests.tiny import tiny_model
+from zonos.conditioning import make_cond_dict
 from zonos.engine import Engine
 from zonos.errors import EngineClosedError, EngineFullError, ZonosInputError
 from zonos.ops.backend import REFERENCE
@@ -174,10 +175,18 @@ def test_bad_requests(model, prefixes, tmp_path):
     finally:
         gate.set()
         busy.result()
-    bad_args = (dict(slots=0), dict(slots=True), dict(queue_size=-1), dict(vocoder_streams=0), dict(vocoder_batching=1))
+    bad_args = (dict(slots=0), dict(slots=True), dict(queue_size=-1), dict(queue_size=0), dict(vocoder_streams=0),
+                dict(vocoder_batching=1), dict(max_seqlen=-1), dict(max_seqlen="100"))  # fmt: skip
     for bad in bad_args:
         with pytest.raises(ZonosInputError, match="must be a"):
             Engine(model, **bad)
+    with pytest.raises(ZonosInputError, match="callback must be a function"):
+        model.generate(prefixes[0], max_new_tokens=4, callback=5, progress_bar=False)
+    with pytest.raises(ZonosInputError, match="logits_processor must be a function"):
+        model.generate(prefixes[0], max_new_tokens=4, logits_processor=5, progress_bar=False)
+    with pytest.raises(ZonosInputError, match=r"must return float logits of the shape it is given \(1, 9, 1026\)"):
+        model.generate(prefixes[0], max_new_tokens=4, logits_processor=lambda logits, step: None, progress_bar=False)
+    assert model.generate(prefixes[0], max_new_tokens=4, progress_bar=False).shape[:2] == (1, 9)  # still serving
     small = Engine(model, slots=1, queue_size=1)
     gate = threading.Event()
 
@@ -320,3 +329,19 @@ def test_memory_plan_counts_the_vocoders(model, monkeypatch):
         check_memory(gpu, 8, 160)
     with pytest.raises(ZonosInputError, match="at most 2 slots fit"):
         check_memory(gpu, 4, 160, vocoder_batching=True)
+
+
+def test_slots_past_host_memory_are_refused_on_the_cpu(model):
+    """generate(batch_size=B) grows an idle engine to B slots: on the CPU a B past the host's memory is refused
+    with how many fit, instead of the allocator's error."""
+    from zonos.engine import check_memory
+    from zonos.engine.engine import _host_available
+
+    if _host_available() is None:
+        pytest.skip("this system does not say how much memory is available")
+    with pytest.raises(ZonosInputError, match=r"of host memory is available: at most \d+ slots fit"):
+        check_memory(model, 10**7, 160)
+    prefix = model.prepare_conditioning(make_cond_dict(text="Hi there.", device="cpu"))
+    with pytest.raises(ZonosInputError, match="at most"):
+        model.generate(prefix, max_new_tokens=2, batch_size=10**7, progress_bar=False)
+    assert model.generate(prefix, max_new_tokens=2, progress_bar=False).shape[:2] == (1, 9)

@@ -163,7 +163,9 @@ def test_generate_args_device_checks():
     check_generator(torch.Generator(), torch.device("cuda", 0))
 
 
-@pytest.mark.parametrize("dtype", [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64])
+@pytest.mark.parametrize(
+    "dtype", [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint16, torch.uint32, torch.uint64]
+)
 def test_audio_prefix_codes_of_any_integer_dtype(dtype):
     hi = min(1023, torch.iinfo(dtype).max)
     codes = torch.randint(0, hi + 1, (1, 9, 6), generator=torch.Generator().manual_seed(0)).to(dtype)
@@ -171,7 +173,7 @@ def test_audio_prefix_codes_of_any_integer_dtype(dtype):
     _check(audio_prefix_codes=codes)
     if dtype != torch.uint8 and dtype != torch.int8:
         with pytest.raises(ZonosInputError, match="0..1023"):
-            _check(audio_prefix_codes=codes.masked_fill(codes == hi, 1024))
+            _check(audio_prefix_codes=codes.long().masked_fill(codes.long() == hi, 1024).to(dtype))
 
 
 # -- config.json ---------------------------------------------------------------------------------------------
@@ -306,3 +308,34 @@ def test_truncated_model_safetensors_through_from_local(tmp_path):
     with pytest.raises(CheckpointError, match="download it again") as info:
         Zonos.from_local(config, weights, device="cpu")
     assert str(weights) in str(info.value)
+
+
+def test_a_uint64_past_int64_is_out_of_range():
+    codes = torch.cat([torch.tensor([2**64 - 1], dtype=torch.uint64), torch.zeros(17, dtype=torch.uint64)])
+    codes = codes.reshape(1, 9, 2)
+    with pytest.raises(ZonosInputError, match="0..1023"):
+        _check(audio_prefix_codes=codes)
+
+
+def test_load_arguments_are_checked_before_any_file_is_read(tmp_path):
+    """from_local and from_pretrained refuse a device, dtype, max_seqlen or backbone they cannot honour before
+    reading (or downloading) anything: the paths here do not exist."""
+    from zonos.model import Zonos
+
+    missing = tmp_path / "nothing"
+    cases = [
+        (dict(device="gpu"), "device 'gpu' is not a device name"),
+        (dict(device="mps"), "'mps' is not available on this machine"),
+        (dict(dtype="float16"), "dtype must be a floating torch dtype"),
+        (dict(dtype=torch.int8), "dtype must be a floating torch dtype"),
+        (dict(max_seqlen="100"), "max_seqlen must be"),
+        (dict(max_seqlen=-1), "max_seqlen must be"),
+        (dict(backbone="x"), "unknown backbone 'x'"),
+    ]
+    if not torch.cuda.is_available():
+        cases.append((dict(device="cuda"), "'cuda' is not available on this machine"))
+    for kwargs, pattern in cases:
+        with pytest.raises(ZonosInputError, match=pattern):
+            Zonos.from_local(missing / "config.json", missing / "model.safetensors", **kwargs)
+        with pytest.raises(ZonosInputError, match=pattern):
+            Zonos.from_pretrained(str(missing), **kwargs)

@@ -7,6 +7,7 @@ import os
 import time
 import warnings
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -32,6 +33,19 @@ DEFAULT_SLOTS = 4  # slots of the engine that generate() runs on (concurrent gen
 # cuBLAS runs the heads' (2, 2048) × (9225, 2048)ᵀ product with a slow GEMV kernel for the odd N (23.8 µs per
 # step on the H200, where N = 8512 takes 11.6 µs), so the stacked heads get zero rows up to a multiple of 16.
 HEADS_ROW_MULTIPLE = 16
+
+
+def _check_load_args(device: Any, dtype: Any, max_seqlen: Any, backbone: Any) -> tuple[torch.device, torch.dtype]:
+    """``from_local``'s device and dtype (defaults filled in), after checking them, ``max_seqlen`` and
+    ``backbone``: an unknown device, a dtype that is not a float, or a string length fails before any file is read."""
+    from zonos.validation import check_device, check_dtype, check_int
+
+    if backbone not in (None, "torch", "mamba_ssm"):
+        raise ZonosInputError(f"unknown backbone {backbone!r}: upstream's names are 'torch' and 'mamba_ssm'")
+    check_int("max_seqlen", max_seqlen, N_CODEBOOKS + 2, hint="prefix + generated tokens the caches hold, e.g. 4096")
+    device = check_device("device", device) if device is not None else default_device()
+    dtype = check_dtype("dtype", dtype) if dtype is not None else default_dtype(device)
+    return device, dtype
 
 
 class Zonos(UsesOps, nn.Module):
@@ -84,6 +98,7 @@ class Zonos(UsesOps, nn.Module):
     ) -> Zonos:
         """Load ``config.json`` and ``model.safetensors`` from a Hub repo (e.g. ``Zyphra/Zonos-v0.1-hybrid``)
         or a local directory holding them. Other keyword arguments go to :meth:`from_local`."""
+        _check_load_args(device, dtype, kwargs.get("max_seqlen", 4096), kwargs.get("backbone"))  # before a download
         config_path = resolve_file(repo_id, "config.json", revision, cache_dir)
         model_path = resolve_file(repo_id, "model.safetensors", revision, cache_dir)
         return cls.from_local(config_path, model_path, device=device, dtype=dtype, **kwargs)
@@ -124,10 +139,7 @@ class Zonos(UsesOps, nn.Module):
             fused_sampling: the decode step's sampling and EOS bookkeeping as two Triton launches (see
                 :meth:`use_accelerators`).
         """
-        if backbone not in (None, "torch", "mamba_ssm"):
-            raise ValueError(f"unknown backbone {backbone!r}: upstream's names are 'torch' and 'mamba_ssm'")
-        device = torch.device(device) if device is not None else default_device()
-        dtype = dtype or default_dtype(device)
+        device, dtype = _check_load_args(device, dtype, max_seqlen, backbone)
         config = ZonosConfig.from_json(config_path)
         with torch.device("meta"):
             model = cls(config, autoencoder=autoencoder, max_seqlen=max_seqlen)
@@ -387,6 +399,9 @@ class Zonos(UsesOps, nn.Module):
         from zonos.validation import check_generate_args
 
         params = SamplingParams.from_dict({"min_p": 0.1} if sampling_params is None else sampling_params)
+        for name in ("callback", "logits_processor"):
+            if settings.get(name) is not None and not callable(settings[name]):
+                raise ZonosInputError(f"{name} must be a function (or None), got {type(settings[name]).__name__}")
         max_new_tokens, cfg_scale, batch_size = check_generate_args(
             prefix,
             audio_prefix_codes,

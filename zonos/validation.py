@@ -23,7 +23,9 @@ MAX_CFG_SCALE = 1e4
 __all__ = [
     "MAX_CFG_SCALE",
     "check_code_tensor",
+    "code_range",
     "check_device",
+    "check_dtype",
     "check_finite",
     "check_generate_args",
     "check_generator",
@@ -150,6 +152,19 @@ def check_device(name: str, device: Any) -> torch.device:
     return dev
 
 
+_FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+
+
+def check_dtype(name: str, dtype: Any) -> torch.dtype:
+    """``dtype`` as a floating ``torch.dtype`` the model's weights can take (float32, bfloat16, float16, float64)."""
+    if not isinstance(dtype, torch.dtype) or dtype not in _FLOAT_DTYPES:
+        raise ZonosInputError(
+            f"{name} must be a floating torch dtype ({', '.join(map(str, _FLOAT_DTYPES))}), got {_describe(dtype)}; "
+            "e.g. torch.bfloat16 on a GPU, torch.float32 on the CPU"
+        )
+    return dtype
+
+
 def check_generator(generator: Any, device: torch.device | str) -> None:
     """``generator`` must be ``None`` or a ``torch.Generator`` on ``device`` or the CPU (the sequences' noise
     seeds are drawn from it on its own device, so either works: the server seeds a CPU generator per request)."""
@@ -167,6 +182,15 @@ def check_generator(generator: Any, device: torch.device | str) -> None:
         )
 
 
+def code_range(codes: torch.Tensor) -> tuple[int, int]:
+    """The smallest and largest value of an integer tensor of any dtype (torch has no min/max kernels for uint16,
+    uint32 and uint64: those are compared as int64, where a uint64 past 2**63 turns negative and so is refused)."""
+    if codes.dtype in (torch.uint16, torch.uint32, torch.uint64):
+        codes = codes.to(torch.int64)
+    lo, hi = torch.aminmax(codes)
+    return int(lo), int(hi)
+
+
 def check_code_tensor(name: str, codes: Any, n_codebooks: int, codebook_size: int, batch: tuple[int, ...]) -> None:
     """Audio codes: an integer tensor ``(b, n_codebooks, frames)`` with ``b`` in ``batch`` and values in
     ``0 .. codebook_size - 1``. Any integer dtype is accepted (uint8 included: the range is compared as Python
@@ -179,7 +203,7 @@ def check_code_tensor(name: str, codes: Any, n_codebooks: int, codebook_size: in
     if codes.is_floating_point() or codes.is_complex() or codes.dtype == torch.bool:
         raise ZonosInputError(f"{name} must be an integer tensor (e.g. int64), got {codes.dtype}")
     if codes.numel():
-        lo, hi = (int(v) for v in torch.aminmax(codes))
+        lo, hi = code_range(codes)
         if lo < 0 or hi >= codebook_size:
             raise ZonosInputError(
                 f"{name} must hold codes in 0..{codebook_size - 1}, got values in {lo}..{hi}; replace special "

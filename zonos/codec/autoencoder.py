@@ -22,6 +22,7 @@ from zonos.checkpoint import load_safetensors
 from zonos.codec.dac import DAC, DACConfig, convert_descript_state_dict, load_state_dict_strict
 from zonos.errors import CheckpointError, ZonosInputError
 from zonos.hub import CheckpointNotAvailableError, resolve_file
+from zonos.validation import code_range
 
 __all__ = [
     "DACAutoencoder",
@@ -281,8 +282,7 @@ def validate_codes(codes: Tensor, num_codebooks: int, codebook_size: int, *, val
     if torch.is_floating_point(codes) or torch.is_complex(codes) or codes.dtype == torch.bool:
         raise ZonosInputError(f"codes must be an integer tensor (int64), got {codes.dtype}")
     if values and codes.numel():
-        lo, hi = torch.aminmax(codes)
-        check_code_range(int(lo), int(hi), codebook_size)
+        check_code_range(*code_range(codes), codebook_size)
     return codes.long()
 
 

@@ -228,8 +228,17 @@ class Engine:
     ):
         if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
             raise ZonosInputError(f"slots must be a positive int, got {slots!r}")
-        if isinstance(queue_size, bool) or not isinstance(queue_size, int) or queue_size < 0:
-            raise ZonosInputError(f"queue_size must be a non-negative int, got {queue_size!r}")
+        if isinstance(queue_size, bool) or not isinstance(queue_size, int) or queue_size < 1:
+            raise ZonosInputError(
+                f"queue_size must be a positive int (every request passes through the queue), got {queue_size!r}"
+            )
+        if max_seqlen is not None and (
+            isinstance(max_seqlen, bool) or not isinstance(max_seqlen, int) or max_seqlen < N_CODEBOOKS + 2
+        ):
+            raise ZonosInputError(
+                f"max_seqlen must be an int of at least {N_CODEBOOKS + 2} (prefix + frames + {N_CODEBOOKS} delay "
+                f"steps), got {max_seqlen!r}"
+            )
         if isinstance(vocoder_streams, bool) or not isinstance(vocoder_streams, int) or vocoder_streams < 1:
             raise ZonosInputError(f"vocoder_streams must be a positive int, got {vocoder_streams!r}")
         if not isinstance(vocoder_batching, bool):
@@ -483,7 +492,7 @@ class Engine:
                 cfg = torch.full((1,), float(r.cfg_scale), device=device)
                 prefilled = model.guided_logits(last, cfg)  # shared by the sequences of one prefix
             seed, step = to_device([r.seeds[i]], torch.int64, device), torch.zeros(1, dtype=torch.long, device=device)
-            logits = prefilled if r.logits_processor is None else r.logits_processor(prefilled.clone(), step)
+            logits = prefilled if r.logits_processor is None else _processed(r.logits_processor, prefilled, step)
             none = torch.zeros(1, MAX_WINDOW, dtype=torch.bool, device=device)
             recent = torch.zeros(1, N_CODEBOOKS, MAX_WINDOW, dtype=torch.long, device=device)
             tokens = model.backbone.ops.sample_rows(
@@ -545,7 +554,10 @@ class Engine:
         top = max(s for job in self._running for s in job.slots) + 1
         n = next(b for b in self.buckets if b >= top)
         use = features([job.request.sampling for job in self._running])
-        processors = tuple(self._processors)
+        # Only the running requests' processors: one left registered by a request that failed at its prefill (or
+        # has ended) must not run, nor fail the step for the others.
+        in_use = {job.processor for job in self._running}
+        processors = tuple(p if i in in_use else None for i, p in enumerate(self._processors, start=1))
         if self.graphs is None:
             slots.step(n, use, processors)
         else:
@@ -760,20 +772,53 @@ def vocoder_bytes(vocoder_batching: bool) -> int:
     return (2 if vocoder_batching else 1) * 2 * steady_state_size(DACConfig(), DEFAULT_CHUNK_FRAMES)
 
 
+def _processed(processor: Callable, logits: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
+    """A request's logits processor on the prefill's logits, its result checked (metadata only: no wait on the
+    GPU), so a processor returning None or another shape fails its request with a message, not a traceback."""
+    out = processor(logits.clone(), step)
+    if not isinstance(out, torch.Tensor) or out.shape != logits.shape or not out.is_floating_point():
+        got = f"a {out.dtype} tensor of shape {tuple(out.shape)}" if isinstance(out, torch.Tensor) else repr(out)[:60]
+        raise ZonosInputError(
+            f"logits_processor must return float logits of the shape it is given {tuple(logits.shape)}; it returned "
+            f"{got}"
+        )
+    return out
+
+
+def _host_available() -> int | None:
+    """Bytes of host memory available (Linux's MemAvailable), or None where it cannot be read."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 def check_memory(model, slots: int, max_seqlen: int, headroom: float = 0.1, vocoder_batching: bool = False) -> None:
     """Raise a clear error (naming the most slots that fit) when ``slots`` slots of ``max_seqlen`` tokens and their
     streams' vocoder state would not fit in the GPU's free memory, keeping ``headroom`` of it (and 2 GiB) for
-    activations, graphs and weights cast for the vocoders."""
-    if model.device.type != "cuda":
-        return
-    free, _ = torch.cuda.mem_get_info(model.device)
+    activations, graphs and weights cast for the vocoders; on the CPU, the slots' state against the host memory
+    available (where the system says; ``generate(batch_size=10**6)`` grows the engine to a million slots)."""
     state = slot_bytes(model, max_seqlen)
-    per_slot = state + vocoder_bytes(vocoder_batching)
-    usable = free * (1 - headroom) - 2 * 2**30 - state  # the staging state is one slot more
+    if model.device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(model.device)
+        per_slot = state + vocoder_bytes(vocoder_batching)
+        usable = free * (1 - headroom) - 2 * 2**30 - state  # the staging state is one slot more
+        where = "of the GPU is free"
+    else:
+        free = _host_available()
+        if free is None:
+            return
+        per_slot = state
+        usable = free * (1 - headroom) - state
+        where = "of host memory is available"
     if slots * per_slot > usable:
         fits = max(int(usable // per_slot), 0)
         raise ZonosInputError(
             f"{slots} slots of {max_seqlen} tokens need {slots * per_slot / 2**30:.1f} GiB with their streams' vocoder "
-            f"state, and {free / 2**30:.1f} GiB of the GPU is free: at most {fits} slots fit at this max_seqlen (or "
-            "lower max_seqlen)"
+            f"state, and {free / 2**30:.1f} GiB {where}: at most {fits} slots fit at this max_seqlen (or lower "
+            "max_seqlen)"
         )

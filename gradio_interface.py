@@ -1152,9 +1152,10 @@ class ModelCache:
         accelerators: Mapping[str, bool | None] | None = None,
     ) -> None:
         from zonos.utils import default_device
+        from zonos.validation import check_device
 
         self.codec_name = codec
-        self.device = torch.device(device) if device else default_device()
+        self.device = check_device("device", device) if device else default_device()
         self.warmup = self.device.type == "cuda" if warmup is None else warmup
         self.schedule = {"first_chunk_frames": first_chunk_frames, "chunk_frames": chunk_frames}
         self.accelerators = dict(accelerators or {})
@@ -1256,6 +1257,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             p.error(f"--{name.replace('_', '-')} must be at least 1")
     if not 0 < args.port < 65536:
         p.error(f"--port must be in 1..65535, got {args.port}")
+    if args.device is not None:
+        from zonos.validation import check_device
+
+        try:
+            check_device("--device", args.device)
+        except ValueError as e:  # 'mps' or 'cuda' where there is none, or no device name at all
+            p.error(str(e))
     return args
 
 

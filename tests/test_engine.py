@@ -298,6 +298,15 @@ def test_vocoder_batching_gives_each_stream_its_solo_audio(model, prefixes):
         model.start_engine(slots=4)
 
 
+def test_warmup_refuses_a_prefix_past_the_slots_before_allocating(model):
+    import time
+
+    t0 = time.perf_counter()
+    with pytest.raises(ZonosInputError, match="warmup's prefix_length 1000000"):
+        model.warmup(prefix_length=10**6, progress_bar=False)
+    assert time.perf_counter() - t0 < 0.5  # the random prefix alone took 2.5 s
+
+
 def test_warmup_runs_streams_together(model):
     """``warmup(streams=3)`` runs 1, 2 and 3 streams at a time (each count twice, as graphs capture at a shape's
     second occurrence), long enough for them to reach the vocoder bank together, and leaves the engine idle;

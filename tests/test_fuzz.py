@@ -721,7 +721,8 @@ def test_fuzz_speak_segments(model):
         segments = pick(rng, [["Hello there.", "How are you?"], ["One."], ("Hi.", "Yes.", "No.")] if good else
                         [[], ["Hi.", ""], ["\u200b"], [5], "Hello there.", "Hi", None])  # fmt: skip
         cond = pick(rng, [None, {}, {"language": "de"}, {"emotion": [1.0] * 8}] if rng.random() < 0.7 else
-                    [{"language": "xx"}, {"text": "no"}, {"speaker": torch.full((128,), NAN)}, "en-us"])  # fmt: skip
+                    [{"language": "xx"}, {"text": "no"}, {"speaker": torch.full((128,), NAN)}, "en-us",
+                     {"mood": 1}])  # fmt: skip
         stream = rng.random() < 0.5
         kwargs = dict(max_new_tokens=pick(rng, [4, 4, 4, 0]), progress_bar=False,
                       generator=torch.Generator().manual_seed(i))  # fmt: skip

@@ -485,3 +485,12 @@ def test_model_cache_applies_accelerators_and_warms_up(model, tmp_path, monkeypa
     assert cache.accelerators == {"cuda_graphs": False, "fast_ops": False}
     assert "warmed up" in capsys.readouterr().out
     assert gi.parse_args(["--no-warmup"]).no_warmup
+
+
+@pytest.mark.parametrize("device", ["mps", "nonsense", "cuda:9"])
+def test_an_unusable_device_is_one_line(device, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        gi.main(["--device", device, "--no-preload"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "--device" in err and "Traceback" not in err

@@ -57,5 +57,16 @@ def test_a_segment_continues_the_previous_codes(model):
 def test_bad_segments(model):
     with pytest.raises(ZonosInputError, match="non-empty"):
         speak_segments(model, [])
+    with pytest.raises(ZonosInputError, match="non-empty list"):
+        speak_segments(model, "Hello there.")  # a string, not a list of them
+    with pytest.raises(ZonosInputError, match="cond holds 'text'"):
+        speak_segments(model, ["Hi."], cond={"text": "Hi."})
+    with pytest.raises(ZonosInputError, match=r"cond holds \['mood'\]"):
+        speak_segments(model, ["Hi."], cond={"mood": 1})
+    for stream in (False, True):  # refused before anything runs, streaming or not
+        with pytest.raises(ZonosInputError, match="nothing eSpeak can pronounce"):
+            speak_segments(model, ["Hi.", "<>"], stream=stream)
+        with pytest.raises(ZonosInputError, match="unsupported language"):
+            speak_segments(model, ["Hi."], cond={"language": "xx"}, stream=stream)
     with pytest.raises(ZonosInputError, match="audio_prefix_codes"):
         speak_segments(model, SEGMENTS, audio_prefix_codes=None)

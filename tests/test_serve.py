@@ -465,3 +465,32 @@ def test_ray_serve_two_replicas_stream(model, tmp_path):
     finally:
         serve.shutdown()
         ray.shutdown()
+
+
+def test_serve_command_loads_before_serving_and_refuses_bad_input_in_one_line(tmp_path, monkeypatch, capsys):
+    """zonos-tts serve loads the model (and checks the slots fit) before uvicorn starts: a truncated checkpoint or
+    a bad flag is one error line and status 2, where a load failing inside the server's startup was a traceback."""
+    from tests.tiny import save_tiny_checkpoint, tiny_codec
+    from zonos import cli
+
+    served = []
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: served.append((app, kw)))
+    (tmp_path / "model").mkdir()
+    save_tiny_checkpoint(tmp_path / "model", "hybrid")
+    tiny_codec().save_pretrained(tmp_path / "codec")
+    common = ["--model", str(tmp_path / "model"), "--codec", str(tmp_path / "codec"), "--device", "cpu"]
+    assert cli.main(["serve", *common, "--no-warmup", "--port", "8123"]) == 0
+    assert served and served[0][1]["host"] == "127.0.0.1" and served[0][1]["port"] == 8123  # localhost by default
+    capsys.readouterr()
+    weights = tmp_path / "model" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    for argv, message in [
+        (common, "model.safetensors"),
+        ([*common, "--queue-size", "0"], "--queue-size must be positive"),
+        ([*common, "--max-seqlen", "3"], "--max-seqlen must be at least 16"),
+        ([*common[:-1], "mps"], "'mps' is not available"),
+    ]:
+        assert cli.main(["serve", *argv]) == 2, argv
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert lines[-1].startswith("error: ") and message in lines[-1] and "Traceback" not in "".join(lines), lines
+    assert len(served) == 1

@@ -10,6 +10,7 @@ the one-shot decode of all segments' codes concatenated. Split the text with
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterator, Mapping
 
 import torch
@@ -59,11 +60,16 @@ def speak_segments(
         raise ZonosInputError(f"cond must be a dict of make_cond_dict's arguments, got {type(cond).__name__}")
     if cond is not None and "text" in cond:
         raise ZonosInputError("cond holds 'text': the segments are the text; pass the other make_cond_dict arguments")
+    unknown = sorted(set(cond or {}) - set(inspect.signature(make_cond_dict).parameters))
+    if unknown:
+        raise ZonosInputError(f"cond holds {unknown}, which make_cond_dict does not take")
     for key in ("audio_prefix_codes", "batch_size", "callback"):
         if key in generate_kwargs:
             raise ZonosInputError(f"speak_segments sets {key} itself (one utterance, each segment continuing the last)")
     cond = dict(cond or {})
     cond.setdefault("language", "en-us")
+    for text in segments:  # each alone, before any work: a later segment's text reaches the model only after the
+        make_cond_dict(text=text, **cond)  # previous one's, which would hide one that has nothing to say
     if stream:
         return _stream(model, segments, cond, generate_kwargs)
     parts, previous = [], None

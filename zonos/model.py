@@ -144,7 +144,7 @@ class Zonos(UsesOps, nn.Module):
         with torch.device("meta"):
             model = cls(config, autoencoder=autoencoder, max_seqlen=max_seqlen)
         state = load_safetensors(model_path)  # a truncated or corrupt file: a CheckpointError naming it
-        model.load_checkpoint(state, device=device, dtype=dtype)
+        model.load_checkpoint(state, device=device, dtype=dtype, source=os.fspath(model_path))
         model.eval()
         model.use_accelerators(
             fast_ops=fast_ops,
@@ -264,12 +264,19 @@ class Zonos(UsesOps, nn.Module):
         )
         return self._engine
 
-    def load_checkpoint(self, state: dict[str, torch.Tensor], device: torch.device | str, dtype: torch.dtype) -> None:
-        """Strictly load a state dict (names and shapes must match the config), casting floats to ``dtype``."""
+    def load_checkpoint(
+        self,
+        state: dict[str, torch.Tensor],
+        device: torch.device | str,
+        dtype: torch.dtype,
+        source: str = "model.safetensors",
+    ) -> None:
+        """Strictly load a state dict (names and shapes must match the config, every float finite), casting floats
+        to ``dtype``; ``source`` names the checkpoint in the error."""
         check_state_dict(
             self.state_dict(),
             state,
-            "model.safetensors",
+            source,
             "the Zonos model built from config.json",
             "Check that config.json and model.safetensors come from the same model.",
         )
@@ -585,6 +592,12 @@ class Zonos(UsesOps, nn.Module):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ZonosInputError(f"warmup's {name} must be a positive int, got {value!r}")
         engine = self.engine
+        needed = prefix_length + frames + N_CODEBOOKS
+        if needed > engine.max_seqlen:  # before the random prefix is allocated
+            raise ZonosInputError(
+                f"warmup's prefix_length {prefix_length} and {frames} frames need {needed} positions; the engine's "
+                f"slots hold {engine.max_seqlen}"
+            )
         if streams * batch_size > engine.slots.count:
             raise ZonosInputError(
                 f"warmup's {streams} streams of batch {batch_size} need as many slots; the engine has "

@@ -59,8 +59,10 @@ def serve_main(argv: Sequence[str] | None = None, prog: str = "zonos-tts serve")
     args = _parser(prog).parse_args(argv)
     try:
         for name in ("slots", "queue_size", "max_input_chars"):
-            if getattr(args, name) < (0 if name == "queue_size" else 1):
+            if getattr(args, name) < 1:
                 raise cli.UsageError(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+        if args.max_seqlen is not None and args.max_seqlen < 16:
+            raise cli.UsageError(f"--max-seqlen must be at least 16 (positions per slot), got {args.max_seqlen}")
         if not 0 < args.port < 65536:
             raise cli.UsageError(f"--port {args.port}: give a TCP port in 1..65535")
         if args.rate_limit < 0:
@@ -89,7 +91,20 @@ def serve_main(argv: Sequence[str] | None = None, prog: str = "zonos-tts serve")
         warmup=not args.no_warmup,
         model_name=args.model,
     )
-    app = create_app(lambda: cli.load_model(args, device), settings)
+    model = None
+
+    def load() -> int:  # before uvicorn: a bad checkpoint or a plan that does not fit is one line, not a traceback
+        nonlocal model
+        from zonos.engine import check_memory
+
+        model = cli.load_model(args, device)
+        check_memory(model, args.slots, args.max_seqlen or model.max_seqlen, vocoder_batching=args.vocoder_batching)
+        return 0
+
+    code = cli._run(load)
+    if code:
+        return code
+    app = create_app(lambda: model, settings)
     cli._log(f"serving on http://{args.host}:{args.port} (key {'required' if settings.api_key else 'off'})")
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return 0

@@ -385,6 +385,8 @@ def test_load_speaker_embedding(tmp_path):
         load_speaker_embedding(tmp_path / "junk.pt")
     with pytest.raises(ZonosInputError, match="not found"):
         load_speaker_embedding(tmp_path / "missing.pt")
+    with pytest.raises(ZonosInputError, match="device 'gpu' is not a device name"):
+        load_speaker_embedding(tmp_path / "missing.pt", device="gpu")
 
 
 def test_nan_speaker_weights_are_refused(tiny_files, tmp_path):

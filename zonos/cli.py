@@ -448,8 +448,13 @@ def _check_generation(args: argparse.Namespace) -> None:
             f"--max-new-tokens {args.max_new_tokens}: the model has {MAX_SEQLEN} positions for the text, the frames "
             "and 9 more; longer text is split into segments by itself, so keep it at most 2580 (30 s)"
         )
-    if not math.isfinite(args.cfg_scale) or args.cfg_scale <= 0:
-        raise UsageError(f"--cfg-scale must be a positive number (1.0 disables guidance), got {args.cfg_scale}")
+    from zonos.validation import MAX_CFG_SCALE
+
+    if not math.isfinite(args.cfg_scale) or not 0 < args.cfg_scale <= MAX_CFG_SCALE:
+        raise UsageError(
+            f"--cfg-scale must be a positive number up to {MAX_CFG_SCALE:g} (1.0 disables guidance), got "
+            f"{args.cfg_scale}"
+        )
     if args.seed is not None and not 0 <= args.seed < 2**63:
         raise UsageError(f"--seed must be a non-negative integer below 2**63, got {args.seed}")
     if not getattr(args, "stream", True):

@@ -22,6 +22,7 @@ from zonos.errors import ZonosInputError
 from zonos.hub import CheckpointNotAvailableError, resolve_file
 from zonos.speaker.features import SAMPLE_RATE, LogMelFeatures
 from zonos.speaker.network import ResNetSimAMASP, SpeakerNetConfig
+from zonos.validation import check_device
 
 __all__ = [
     "DEFAULT_REPO",
@@ -137,6 +138,7 @@ def load_speaker_embedding(path: str | os.PathLike, device: str | torch.device =
     that with ``make_speaker_embedding`` / ``--speaker-audio`` instead), cannot be read, or does not hold such
     a tensor.
     """
+    device = check_device("device", device)
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise ZonosInputError(f"speaker embedding file not found: {path}")

@@ -372,7 +372,7 @@ def test_fuzz_generate_on_cuda(checkpoint):
     prefix = torch.randn(2, 24, 64, device="cuda", generator=torch.Generator("cuda").manual_seed(0))
     # A case may pay for compiling a kernel or capturing a graph of a new batch size: minutes on a fresh machine.
     assert _fuzz_generate(m, prefix, random.Random(16), 40, seconds=240) >= 8
-    assert _fuzz_generate_streams(m, prefix, random.Random(17), 20, seconds=240) >= 4
+    assert _fuzz_generate_streams(m, prefix, random.Random(17), 20, seconds=240) >= 3
 
 
 # -- speaker embedding ---------------------------------------------------------------------------------------

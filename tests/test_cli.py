@@ -327,6 +327,20 @@ def test_a_failure_leaves_no_partial_file(common, loads, loaded, monkeypatch, tm
     assert out.read_bytes() == b"the previous take" and [p.name for p in tmp_path.iterdir()] == ["out.wav"]
 
 
+def test_a_corrupt_checkpoint_is_one_line_naming_the_file(dirs, tmp_path, capsys):
+    """A truncated model.safetensors (an interrupted download), loaded for real: one line that names the file and
+    says to download it again, status 2."""
+    model_dir, codec_dir = dirs
+    broken = tmp_path / "model"
+    broken.mkdir()
+    (broken / "config.json").write_bytes((model_dir / "config.json").read_bytes())
+    (broken / "model.safetensors").write_bytes((model_dir / "model.safetensors").read_bytes()[:5000])
+    argv = ["speak", TEXT, "--model", str(broken), "--codec", str(codec_dir), "--device", "cpu", "--no-progress"]
+    code, _, err = run([*argv, "--out", str(tmp_path / "x.wav")], capsys)
+    line = one_line_error(err.strip().splitlines()[-1])
+    assert code == 2 and str(broken / "model.safetensors") in line and "download" in line
+
+
 # ------------------------------------------------------------------------------------ voice, bench, demo
 
 

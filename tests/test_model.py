@@ -75,6 +75,9 @@ def test_callback_stops_generation(tiny):
 
     tiny.generate(_prefix(tiny), max_new_tokens=30, progress_bar=False, callback=callback)
     assert [s for _, s, _ in seen] == [1, 2, 3] and seen[0][0] == (1, 9, 1)
+    # As upstream and as generate's docstring says: only a true value continues, so None stops after one step.
+    codes = tiny.generate(_prefix(tiny), max_new_tokens=30, progress_bar=False, callback=lambda *a: None)
+    assert codes.shape[-1] <= 1
 
 
 def test_eos_runs_down_the_codebooks(tiny):

@@ -43,7 +43,9 @@ def _suppressor(model):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--gemv", action="store_true", help="load with use_cute_gemv=True")
-    ap.add_argument("--fused-sampling", action="store_true", help="use_accelerators(fused_sampling=True) (this tree)")
+    ap.add_argument(
+        "--no-fused-sampling", action="store_true", help="use_accelerators(fused_sampling=False) (this tree)"
+    )
     ap.add_argument("--frames", type=int, default=200, help="frames of the longer one-shot run")
     ap.add_argument("--reps", type=int, default=5, help="repetitions of each measurement (median)")
     ap.add_argument("--label", default="", help="a name for this version in the table")
@@ -52,8 +54,8 @@ def main() -> None:
 
     model = random_model("hybrid")
     flags = {"use_cute_gemv": True} if args.gemv else {}
-    if args.fused_sampling:
-        flags["fused_sampling"] = True
+    if args.no_fused_sampling:
+        flags["fused_sampling"] = False
     model.use_accelerators(**flags)
     from zonos.codec.autoencoder import DACAutoencoder
     from zonos.codec.dac import DACConfig

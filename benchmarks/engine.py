@@ -6,7 +6,7 @@ exactly --frames frames), a random --prefix-token conditioning per request. For 
 requests arrive over --ramp seconds (uniformly, in a random order); one consumer thread per request records when
 each chunk arrives.
 
-    python benchmarks/engine.py [--slots 1 8 32 64 128 256] [--frames 300] [--gemv] [--fused-sampling]
+    python benchmarks/engine.py [--slots 1 8 32 64 128 256] [--frames 300] [--gemv] [--no-fused-sampling]
                                 [--vocoder-batching off on]
 
 Per S it reports: decode steps per second and wall ms per step; aggregate real-time streams (audio seconds
@@ -152,7 +152,7 @@ def main() -> None:
     ap.add_argument("--prefix-tokens", type=int, default=120, help="conditioning tokens per request")
     ap.add_argument("--ramp", type=float, default=1.0, help="seconds over which the requests arrive")
     ap.add_argument("--gemv", action="store_true", help="use_cute_gemv=True (decode projections of <= 8 rows)")
-    ap.add_argument("--fused-sampling", action="store_true", help="use_accelerators(fused_sampling=True)")
+    ap.add_argument("--no-fused-sampling", action="store_true", help="use_accelerators(fused_sampling=False)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--vocoder-streams", type=int, nargs="+", default=[4], help="CUDA streams for the vocoders")
     ap.add_argument(
@@ -164,7 +164,7 @@ def main() -> None:
     )
     args = ap.parse_args()
     model = random_model("hybrid")
-    model.use_accelerators(use_cute_gemv=args.gemv or None, fused_sampling=args.fused_sampling)
+    model.use_accelerators(use_cute_gemv=args.gemv or None, fused_sampling=False if args.no_fused_sampling else None)
     model.autoencoder = DACAutoencoder(DACConfig(), device="cuda")
     processor = no_eos(model.eos_token_id)
     rows = []

@@ -118,7 +118,7 @@ def _flag_values(clips: dict[str, Path]) -> dict[str, list]:
         "--speaker-embedding": [[c["voice.wav"]], [c["good.pt"]]],
         "--device": [["cpu"], ["mps"], ["nonsense"], ["cuda:9"]],
         "--cute-gemv": [[]],
-        "--fused-sampling": [[]],
+        "--no-fused-sampling": [[]],
         "--max-segment-chars": [["300"], ["0"], ["5"]],
     }  # fmt: skip
 

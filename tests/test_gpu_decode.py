@@ -342,6 +342,20 @@ def test_fused_sampling_in_the_graph_gives_the_reference_codes(params):
 
 @cuda
 @pytest.mark.gpu
+def test_the_fast_ops_bring_the_fused_sampler_by_default():
+    from zonos.ops import sample_rows as reference_sample_rows
+
+    model = _model()
+    model.use_accelerators()
+    assert model.backend.sample_rows is not reference_sample_rows  # the fused kernel, with the other fast ops
+    model.use_accelerators(fused_sampling=False)
+    assert model.backend.sample_rows is reference_sample_rows and model.backend.name != "torch"
+    model.use_accelerators(fast_ops=False)
+    assert model.backend.sample_rows is reference_sample_rows
+
+
+@cuda
+@pytest.mark.gpu
 def test_programmatic_dependent_launch_changes_no_result():
     """Our Triton kernels launched with PDL (the default) inside the graph give bit for bit the results of
     the same kernels launched in stream order: PDL only moves launches, never a read before a write."""

@@ -99,10 +99,10 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
         "needs nvidia-cutlass-dsl from pip install 'zonos-accel[gpu]')",
     )
     p.add_argument(
-        "--fused-sampling",
+        "--no-fused-sampling",
         action="store_true",
-        help="sample each decode step's tokens and do its EOS bookkeeping in two Triton launches instead of ~100 "
-        "torch kernels (CUDA only; off by default until measured)",
+        help="sample each decode step's tokens with the torch ops (~100 kernels) instead of the two Triton launches "
+        "the fast ops use by default (2.07 against 1.91 ms per step on an H200)",
     )
     p.add_argument(
         "--no-cuda-graphs",
@@ -413,16 +413,12 @@ def _check_device(spec: str | None, args: argparse.Namespace | None = None):
             )
         if device.index is not None and device.index >= torch.cuda.device_count():
             raise UsageError(f"--device {spec}: this machine has {torch.cuda.device_count()} CUDA device(s)")
-    for flag in ("cute_gemv", "cute_scan", "fused_sampling"):
+    for flag in ("cute_gemv", "cute_scan"):
         if args is None or not getattr(args, flag, False):
             continue
         option = "--" + flag.replace("_", "-")
         if device.type != "cuda":
             raise UsageError(f"{option} runs CUDA kernels and the model would be on {device}: drop it, or use a GPU")
-        if flag == "fused_sampling":
-            if getattr(args, "no_fast_ops", False):
-                raise UsageError("--fused-sampling is one of the Triton fast ops: drop --no-fast-ops or it")
-            continue
         if importlib.util.find_spec("cutlass") is None:
             raise UsageError(f"{option} needs nvidia-cutlass-dsl: pip install 'zonos-accel[gpu]', or drop {option}")
     return device
@@ -695,7 +691,7 @@ def load_model(args: argparse.Namespace, device):
         cuda_graphs=False if args.no_cuda_graphs else None,
         use_cute_gemv=args.cute_gemv,
         use_cute_scan=getattr(args, "cute_scan", False),
-        fused_sampling=getattr(args, "fused_sampling", False),
+        fused_sampling=False if getattr(args, "no_fused_sampling", False) else None,
     )
     _log(f"loaded {args.model} on {device} in {time.perf_counter() - t0:.1f} s")
     return model

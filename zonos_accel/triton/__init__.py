@@ -56,8 +56,8 @@ _SOURCES = {
     "finish_rows": ("zonos_accel.triton.sampler", None),
 }
 OPS = tuple(_SOURCES)
-# What triton_backend runs by default: all but the fused sampling and step bookkeeping, which wait for their H200
-# measurement (``Zonos.use_accelerators(fused_sampling=True)`` turns them on).
+# What triton_backend runs by default: all but the fused sampling and step bookkeeping, which
+# ``Zonos.use_accelerators`` adds unless ``fused_sampling=False`` (a backend built here compares without them).
 FUSED_SAMPLING_OPS = ("sample_rows", "finish_rows")
 DEFAULT_OPS = tuple(op for op in OPS if op not in FUSED_SAMPLING_OPS)
 

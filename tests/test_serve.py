@@ -292,14 +292,24 @@ def test_concurrent_requests_show_no_cross_talk(server, model):
         np.testing.assert_array_equal(g, want)
 
 
+def test_a_request_cannot_raise_the_servers_frame_cap(server):
+    with client(server) as c:
+        r = c.post("/v1/zonos/speech", json=native(seed=1, max_new_tokens=10 * FRAMES))
+    assert r.status_code == 200 and len(r.content) // 2 <= 512 * FRAMES  # pcm16: FRAMES frames of 512 samples
+
+
 def test_disconnect_mid_stream_frees_the_slot(server, model):
     body = native(seed=1, max_new_tokens=200)  # long enough to be running when the client leaves
-    with client(server) as c, c.stream("POST", "/v1/zonos/speech", json=body) as r:
-        assert r.status_code == 200
-        pieces = r.iter_raw()
-        next(pieces)
-        time.sleep(0.3)
-        assert model.engine.active == 1  # still running: the client has read one piece and waits
+    server.settings.max_new_tokens = 200  # the server's cap, read per request
+    try:
+        with client(server) as c, c.stream("POST", "/v1/zonos/speech", json=body) as r:
+            assert r.status_code == 200
+            pieces = r.iter_raw()
+            next(pieces)
+            time.sleep(0.3)
+            assert model.engine.active == 1  # still running: the client has read one piece and waits
+    finally:
+        server.settings.max_new_tokens = FRAMES
     deadline = time.time() + 20
     while model.engine.active and time.time() < deadline:
         time.sleep(0.02)
@@ -393,7 +403,7 @@ def test_clear_4xx_answers(server):
 
 
 def test_full_queue_is_503_with_retry_after(model):
-    settings = ServerSettings(rate_limit=None, slots=None, max_new_tokens=FRAMES)
+    settings = ServerSettings(rate_limit=None, slots=None, max_new_tokens=250)
     model.start_engine(slots=1, queue_size=1)
     srv = Server(create_app(lambda: model, settings))
     try:
@@ -402,10 +412,11 @@ def test_full_queue_is_503_with_retry_after(model):
             assert r.status_code == 200
             pieces = r.iter_raw()  # kept: a dropped iterator closes the stream
             next(pieces)  # the one slot is taken
-            with client(srv, key=None) as c2, c2.stream("POST", "/v1/zonos/speech", json=native()) as queued:
+            short = native(max_new_tokens=FRAMES)
+            with client(srv, key=None) as c2, c2.stream("POST", "/v1/zonos/speech", json=short) as queued:
                 assert queued.status_code == 200 and (model.engine.active, model.engine.queued) == (1, 1)
                 with client(srv, key=None) as c3:
-                    busy = c3.post("/v1/zonos/speech", json=native())
+                    busy = c3.post("/v1/zonos/speech", json=short)
                 _error(busy, 503, "engine_full")
                 assert int(busy.headers["retry-after"]) >= 1
     finally:
@@ -494,3 +505,29 @@ def test_serve_command_loads_before_serving_and_refuses_bad_input_in_one_line(tm
         lines = capsys.readouterr().err.strip().splitlines()
         assert lines[-1].startswith("error: ") and message in lines[-1] and "Traceback" not in "".join(lines), lines
     assert len(served) == 1
+
+
+def test_long_text_is_checked_whole_before_the_answer_starts(server):
+    """A text of several segments is conditioned segment by segment as the stream goes; every segment's inputs are
+    checked before the 200, so a bad one is a 400 (it was an empty 200)."""
+    long = "The first sentence is here. A second one follows it."
+    server.settings.segment_chars = 30
+    try:
+        with client(server) as c:
+            assert c.post("/v1/zonos/speech", json=native(text=long)).status_code == 200
+            _error(c.post("/v1/zonos/speech", json=native(text=long, language="xx")), 400)
+            _error(c.post("/v1/zonos/speech", json=native(text=long, emotion=[1.0, 2.0])), 400)
+            _error(c.post("/v1/zonos/speech", json=native(text=long + " <>. <>.")), 400)
+            server.settings.segment_chars = 200  # two 200-character segments do not fit the tiny model's slots
+            _error(c.post("/v1/zonos/speech", json=native(text="Hello there my friend. " * 18)), 400)
+    finally:
+        server.settings.segment_chars = 200
+
+
+@pytest.mark.parametrize("bad", [dict(rate_limit=0), dict(rate_limit=float("nan")), dict(max_new_tokens=0),
+                                 dict(queue_size=0), dict(segment_chars=True)])  # fmt: skip
+def test_server_settings_are_checked(bad):
+    from zonos.errors import ZonosInputError
+
+    with pytest.raises(ZonosInputError, match=next(iter(bad))):
+        ServerSettings(**bad)

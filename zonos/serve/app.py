@@ -105,6 +105,15 @@ class ServerSettings:
     warmup: bool = True
     logits_processor: Callable | None = None
 
+    def __post_init__(self) -> None:
+        if self.rate_limit is not None and not (math.isfinite(self.rate_limit) and self.rate_limit > 0):
+            raise ZonosInputError(f"rate_limit must be None (no limit) or requests a minute > 0, got {self.rate_limit}")
+        for name in ("max_input_chars", "max_body_bytes", "max_upload_bytes", "queue_size", "max_new_tokens",
+                     "segment_chars"):  # fmt: skip
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ZonosInputError(f"ServerSettings.{name} must be a positive int, got {value!r}")
+
 
 class ApiError(HTTPException):
     """An error answered as JSON: ``status``, a message that says what to do, OpenAI's ``type`` and ``code``. (An
@@ -416,13 +425,21 @@ class _Service:
 
     def prepare(self, spec: _Spec) -> dict:
         """Everything up to the first segment's submit (on a worker thread): speaker, segments, prefix audio."""
+        from zonos.conditioning import make_cond_dict
         from zonos.conditioning.segments import split_text
 
+        segments = split_text(spec.text, self.settings.segment_chars)
+        # Every segment's conditioning inputs, checked before the clips are decoded and before the answer's 200: a
+        # long text's later segments were first conditioned after the response had begun, so their errors came
+        # as an empty 200 (the phonemes are cached for the conditioning that follows).
+        for text in segments:
+            make_cond_dict(text=text, device="cpu", **spec.cond)
+        if len(segments) > 1 and _longform() is not None:
+            self.longform_budget(spec, segments)  # the slots must hold two segments' text with room for audio
         if spec.speaker_audio:
             speaker = self.embed_clip(spec.speaker_audio, "speaker_audio")
         else:
             speaker = self.speaker(spec.voice)
-        segments = split_text(spec.text, self.settings.segment_chars)
         codes = None
         if spec.prefix_audio:
             wav, sr = _read_clip(spec.prefix_audio, "prefix_audio", MAX_PREFIX_SECONDS)
@@ -446,12 +463,14 @@ class _Service:
             cond = make_cond_dict(text=text, speaker=plan["speaker"], device=model.device, **spec.cond)
             prefix = model.prepare_conditioning(cond)
         codes = plan["prefix_codes"] if first else None
-        room = self.engine.max_seqlen - prefix.shape[1] - (0 if codes is None else codes.shape[2]) - 9
-        budget = min(spec.max_new_tokens or self.settings.max_new_tokens, room)
+        audio = 0 if codes is None else codes.shape[2]
+        room = self.engine.max_seqlen - prefix.shape[1] - audio - 9
+        budget = min(spec.max_new_tokens or self.settings.max_new_tokens, self.settings.max_new_tokens, room)
         if budget < 1:
             raise ZonosInputError(
-                f"a segment's prefix takes {prefix.shape[1]} of the model's {self.engine.max_seqlen} positions, "
-                "leaving no room for audio: shorten the prefix audio or the text"
+                f"a segment's text takes {prefix.shape[1]} and the prefix audio {audio} of the model's "
+                f"{self.engine.max_seqlen} positions, leaving no room for new audio: shorten the prefix audio or the "
+                "text"
             )
         return model.submit(
             prefix,
@@ -517,7 +536,7 @@ class _Service:
                 f"the engine's {self.engine.max_seqlen} positions leave no room for long-form segments of "
                 f"{self.settings.segment_chars} characters: lower segment_chars or raise max_seqlen"
             )
-        return min(spec.max_new_tokens or self.settings.max_new_tokens, room)
+        return min(spec.max_new_tokens or self.settings.max_new_tokens, self.settings.max_new_tokens, room)
 
     def _submit_waiting(self, job: _Job, spec: _Spec, plan: dict, text: str):
         """A later segment's submit; a full queue is waited out (the stream has begun), a cancel ends it."""

@@ -65,7 +65,7 @@ def serve_main(argv: Sequence[str] | None = None, prog: str = "zonos-tts serve")
             raise cli.UsageError(f"--max-seqlen must be at least 16 (positions per slot), got {args.max_seqlen}")
         if not 0 < args.port < 65536:
             raise cli.UsageError(f"--port {args.port}: give a TCP port in 1..65535")
-        if args.rate_limit < 0:
+        if not args.rate_limit >= 0:  # NaN too
             raise cli.UsageError(f"--rate-limit must be 0 (none) or positive, got {args.rate_limit}")
         cli._check_model_source(args.model, "--model", ("config.json", "model.safetensors"))
         cli._check_model_source(args.codec, "--codec", ("config.json", "model.safetensors"))

@@ -189,6 +189,18 @@ class SynthesisRequest:
         return [getattr(self, name.lower()) for name, _ in EMOTIONS]
 
 
+def _finite(value: int | float) -> bool:
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int past float's range (JSON allows 10**400)
+        return False
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def _coerce(name: str, value: Any, default: Any) -> Any:
     """``value`` as the type of the field's ``default`` (None defaults are optional strings)."""
     if default is None:
@@ -204,8 +216,8 @@ def _coerce(name: str, value: Any, default: Any) -> Any:
             return value
         raise ZonosInputError(f"{name} must be true or false, got {value!r}")
     if isinstance(default, (int, float)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise ZonosInputError(f"{name} must be a finite number, got {value!r}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not _finite(value):
+            raise ZonosInputError(f"{name} must be a finite number, got {_short(value)}")
         if isinstance(default, int):
             if value != int(value):
                 raise ZonosInputError(f"{name} must be a whole number, got {value!r}")

@@ -369,6 +369,10 @@ def test_load_audio_errors(tmp_path):
         load_audio(bad)
     with pytest.raises(ZonosInputError, match="could not read the upload as audio"):
         load_audio(io.BytesIO(b"RIFF not audio"), name="the upload")
+    for bad in (float("nan"), float("inf"), "30", 0, True):
+        with pytest.raises(ZonosInputError, match="max_seconds must be a positive number"):
+            load_audio(bad_path := tmp_path / "bad.wav", max_seconds=bad)
+    assert bad_path.exists()
 
 
 def test_load_audio_decodes_at_most_max_seconds(tmp_path):

@@ -595,3 +595,17 @@ def test_text_past_one_generation_is_refused_before_phonemizing() -> None:
     with pytest.raises(ZonosInputError, match=f"{MAX_TEXT_CHARS + 1} characters.*split_text"):
         make_cond_dict(text="a" * (MAX_TEXT_CHARS + 1), device="cpu")
     assert time.perf_counter() - t0 < 0.05
+
+
+def test_numbers_past_float_range_and_mismatched_uncond_are_input_errors(tmp_path) -> None:
+    from tests.tiny import tiny_model
+
+    for big in (10**400, 1e39, float("nan")):  # past float, past float32, not a number
+        with pytest.raises(ZonosInputError, match="fmax must be finite"):
+            make_cond_dict(text="Hi there.", fmax=big, device="cpu")
+    with pytest.raises(ZonosInputError, match="emotion must be"):
+        make_cond_dict(text="Hi there.", emotion=[10**400] * 8, device="cpu")
+    model = tiny_model(tmp_path)
+    cond = make_cond_dict(text="Hi there.", device="cpu")
+    with pytest.raises(ZonosInputError, match="give uncond_dict the same text"):
+        model.prepare_conditioning(cond, make_cond_dict(text="A different, longer text.", device="cpu"))

@@ -351,6 +351,19 @@ def test_slots_past_host_memory_are_refused_on_the_cpu(model):
     with pytest.raises(ZonosInputError, match=r"of host memory is available: at most \d+ slots fit"):
         check_memory(model, 10**7, 160)
     prefix = model.prepare_conditioning(make_cond_dict(text="Hi there.", device="cpu"))
-    with pytest.raises(ZonosInputError, match="at most"):
-        model.generate(prefix, max_new_tokens=2, batch_size=10**7, progress_bar=False)
+    with pytest.raises(ZonosInputError, match=r"batch_size must be an integer in \[1, 65536\]"):
+        model.generate(prefix, max_new_tokens=2, batch_size=10**7, progress_bar=False)  # before drawing its seeds
     assert model.generate(prefix, max_new_tokens=2, progress_bar=False).shape[:2] == (1, 9)
+
+
+def test_bad_engine_arguments_leave_the_running_engine_alone(model, prefixes):
+    """start_engine checks its arguments before it shuts the previous engine down: an open stream keeps going."""
+    engine = model.engine
+    stream = model.generate(prefixes[0], max_new_tokens=12, stream=True, progress_bar=False, first_chunk_frames=1)
+    first = next(stream)
+    for bad in (dict(max_seqlen=0), dict(queue_size=0), dict(slots=-1)):
+        with pytest.raises(ZonosInputError, match="must be"):
+            model.start_engine(**bad)
+    assert model.engine is engine
+    rest = list(stream)
+    assert rest and rest[-1].final and first.frames[0] == 0

@@ -259,6 +259,8 @@ def test_bad_input_answers_with_its_message(server, uploads):
     assert "characters, more than one generation can speak" in _error(server, text="word " * 1000)
     resp = httpx.post(server.url + "zonos/stream", content=b"{" + b" " * gi.MAX_REQUEST_BYTES + b"}")
     assert resp.status_code == 413 and "over 65536 bytes" in resp.json()["error"]
+    resp = httpx.post(server.url + "zonos/stream", content=b'{"seed": 1' + b"0" * 400 + b"}")
+    assert resp.status_code == 400 and "seed must be a finite number" in resp.json()["error"]
     resp = httpx.post(server.url + "zonos/stream", content=b"{")
     assert resp.status_code == 400 and "property name" in resp.json()["error"]  # the JSON parser's message
     assert "JSON object" in httpx.post(server.url + "zonos/stream", json=[1]).json()["error"]
@@ -345,7 +347,8 @@ def test_request_fields_and_types():
     assert r.top_k == 5 and isinstance(r.top_k, int) and r.fmax == 100.0 and r.unconditional_keys == ("speaker",)
     assert r.sampling_params()["top_k"] == 5 and r.sampling_params()["linear"] == 0.5
     assert gi.SynthesisRequest.from_mapping({"speaker_audio": ""}).speaker_audio is None
-    for bad in ({"seed": float("nan")}, {"top_k": True}, {"text": 3}, {"unconditional_keys": "speaker"}):
+    for bad in ({"seed": float("nan")}, {"top_k": True}, {"text": 3}, {"unconditional_keys": "speaker"},
+                {"seed": 10**400}, {"cfg_scale": -(10**400)}):  # fmt: skip
         with pytest.raises(ZonosInputError, match=next(iter(bad))):
             gi.SynthesisRequest.from_mapping(bad)
     frames = gi.encode_frame(gi.FRAME_EVENT, json.dumps({"event": "x"}).encode()) + gi._frame(np.ones(3, np.float32))

@@ -204,6 +204,10 @@ def load_audio(
     """
     import soundfile as sf
 
+    if max_seconds is not None and (
+        isinstance(max_seconds, bool) or not isinstance(max_seconds, numbers.Real) or not 0 < max_seconds < 1e6
+    ):
+        raise ZonosInputError(f"max_seconds must be a positive number of seconds (or None), got {max_seconds!r}")
     if isinstance(source, (str, Path)):
         path = Path(source)
         if not path.is_file():

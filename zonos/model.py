@@ -250,6 +250,7 @@ class Zonos(UsesOps, nn.Module):
         previous engine is shut down (its requests are cancelled). ``vocoder_streams``: CUDA streams the
         streaming vocoders spread over; ``vocoder_batching``: push the steady chunks of concurrent streams together
         (see :class:`~zonos.engine.Engine`)."""
+        Engine.check_args(slots, max_seqlen, queue_size, vocoder_streams, vocoder_batching)  # before the old one stops
         old = self._engine
         if old is not None:
             old.shutdown()
@@ -350,7 +351,13 @@ class Zonos(UsesOps, nn.Module):
         """
         if uncond_dict is None:
             uncond_dict = {k: cond_dict[k] for k in self.prefix_conditioner.required_keys if k in cond_dict}
-        prefix = torch.cat([self.prefix_conditioner(cond_dict), self.prefix_conditioner(uncond_dict)])
+        cond, uncond = self.prefix_conditioner(cond_dict), self.prefix_conditioner(uncond_dict)
+        if cond.shape[1] != uncond.shape[1]:
+            raise ZonosInputError(
+                f"the cond prefix is {cond.shape[1]} tokens and the uncond one {uncond.shape[1]}: give uncond_dict "
+                "the same text (and the same set of keys' lengths) as cond_dict, or leave it None"
+            )
+        prefix = torch.cat([cond, uncond])
         self._check_length(prefix.shape[1], 1)
         return prefix
 

@@ -19,6 +19,10 @@ from zonos.errors import ZonosInputError
 # Guidance past this overflows the logits' float32 arithmetic (a scale of 1e300 is not even a float32); a scale of
 # 1e4 already leaves the unconditional logits no say.
 MAX_CFG_SCALE = 1e4
+# prepare_conditioning's prefix ends in the conditioner's LayerNorm, so its values are O(1); one of 1e20 is finite
+# but drives the backbone's activations to inf, so every logit is NaN and every code 0.
+MAX_PREFIX_ABS = 1e4
+MAX_BATCH = 65_536  # generate(batch_size=B) draws B seeds before the engine checks memory: 1e8 took 16 s and 6 GB
 
 __all__ = [
     "MAX_CFG_SCALE",
@@ -73,9 +77,12 @@ def check_real(
             f"{name} must be a real number, got {_describe(value)} ({type(value).__name__})"
             + (f"; {hint}" if hint else "")
         )
-    x = float(value)
+    try:
+        x = float(value)
+    except OverflowError:  # an int past float's range (10**400)
+        x = math.inf
     if not math.isfinite(x):
-        raise ZonosInputError(f"{name} must be a finite number, got {x}" + (f"; {hint}" if hint else ""))
+        raise ZonosInputError(f"{name} must be a finite number, got {_describe(value)}" + (f"; {hint}" if hint else ""))
     too_low = lo is not None and (x <= lo if lo_open else x < lo)
     too_high = hi is not None and (x >= hi if hi_open else x > hi)
     if too_low or too_high:
@@ -235,7 +242,7 @@ def check_generate_args(
       ``0 .. codebook_size - 1`` (any integer dtype);
     - ``generator``: ``None`` or a ``torch.Generator`` on ``device`` or the CPU.
     """
-    batch_size = check_int("batch_size", batch_size, 1, hint="the number of clips to generate, e.g. 1")
+    batch_size = check_int("batch_size", batch_size, 1, MAX_BATCH, hint="the number of clips to generate, e.g. 1")
     max_new_tokens = check_int("max_new_tokens", max_new_tokens, 1, hint="frames to generate (86 ≈ one second)")
     cfg_scale = check_real(
         "cfg_scale",
@@ -274,6 +281,12 @@ def check_generate_args(
         prefix,
         "rebuild it with prepare_conditioning; a NaN here usually comes from a NaN input or NaN weights",
     )
+    peak = float(prefix.abs().amax()) if prefix.numel() else 0.0
+    if peak > MAX_PREFIX_ABS:
+        raise ZonosInputError(
+            f"prefix_conditioning holds values up to {peak:.3g}, past {MAX_PREFIX_ABS:g}: its logits would overflow "
+            "to NaN and every code come out 0; pass what prepare_conditioning returns (its values are O(1))"
+        )
     if audio_prefix_codes is not None:
         check_code_tensor("audio_prefix_codes", audio_prefix_codes, n_codebooks, codebook_size, (1, batch_size))
     check_generator(generator, device)

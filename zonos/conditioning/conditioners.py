@@ -404,17 +404,18 @@ def _vector(value: Any, n: int, key: str, hint: str = "", dtype: torch.dtype = t
     if n == 1 and not isinstance(value, (torch.Tensor, Sequence)):
         if isinstance(value, bool) or not isinstance(value, numbers.Real):
             raise ZonosInputError(f"{key} must be a single number, got {value!r} ({type(value).__name__})")
-        if not math.isfinite(value):
-            raise ZonosInputError(f"{key} must be finite, got {value}")
-        return torch.tensor([float(value)], dtype=dtype)
+        t = torch.tensor([float(value) if abs(value) < 1e300 else math.inf], dtype=dtype)  # 10**400 is an int
+        if not bool(t.isfinite().all()):  # NaN, inf, or past the dtype's range (1e39 in float32)
+            raise ZonosInputError(f"{key} must be finite (within {dtype}'s range), got {value}")
+        return t
     if isinstance(value, (str, bytes)) or (
         isinstance(value, Sequence) and any(isinstance(v, (str, bytes, bool)) for v in value)
     ):
         raise ZonosInputError(f"{key} must be {what}, got {value!r}")
     try:
         t = torch.as_tensor(value)
-    except (TypeError, ValueError, RuntimeError) as e:
-        raise ZonosInputError(f"{key} must be {what}, got {value!r} ({e})") from None
+    except (TypeError, ValueError, RuntimeError, OverflowError) as e:
+        raise ZonosInputError(f"{key} must be {what}, got {str(value)[:60]} ({e})") from None
     if t.dtype == torch.bool or t.is_complex():
         raise ZonosInputError(f"{key} must be {what} (real numbers), got a {t.dtype} tensor")
     t = t.detach().to("cpu", dtype).reshape(-1)

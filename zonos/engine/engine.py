@@ -216,16 +216,12 @@ class Engine:
             (:mod:`zonos.engine.vocoding`); the audio is the same.
     """
 
-    def __init__(
-        self,
-        model,
-        slots: int = 4,
-        max_seqlen: int | None = None,
-        queue_size: int = 256,
-        graphs=None,
-        vocoder_streams: int = 4,
-        vocoder_batching: bool = False,
-    ):
+    @staticmethod
+    def check_args(
+        slots: object, max_seqlen: object, queue_size: object, vocoder_streams: object, vocoder_batching: object
+    ) -> None:
+        """Refuse arguments the engine cannot run with (:class:`ZonosInputError`), before anything is allocated or
+        a previous engine is shut down."""
         if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
             raise ZonosInputError(f"slots must be a positive int, got {slots!r}")
         if isinstance(queue_size, bool) or not isinstance(queue_size, int) or queue_size < 1:
@@ -243,8 +239,20 @@ class Engine:
             raise ZonosInputError(f"vocoder_streams must be a positive int, got {vocoder_streams!r}")
         if not isinstance(vocoder_batching, bool):
             raise ZonosInputError(f"vocoder_batching must be a bool (True or False), got {vocoder_batching!r}")
+
+    def __init__(
+        self,
+        model,
+        slots: int = 4,
+        max_seqlen: int | None = None,
+        queue_size: int = 256,
+        graphs=None,
+        vocoder_streams: int = 4,
+        vocoder_batching: bool = False,
+    ):
+        self.check_args(slots, max_seqlen, queue_size, vocoder_streams, vocoder_batching)
         self.model = model
-        self.max_seqlen = max_seqlen or model.max_seqlen
+        self.max_seqlen = model.max_seqlen if max_seqlen is None else max_seqlen
         self.device = model.device
         check_memory(model, slots, self.max_seqlen, vocoder_batching=vocoder_batching)
         self.slots = Slots(model, slots, self.max_seqlen)

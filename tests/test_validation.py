@@ -207,6 +207,10 @@ def _write_config(tmp_path: Path, mutate=None, text: str | None = None) -> Path:
         (lambda c: c.pop("backbone"), "'backbone'"),
         (lambda c: c["prefix_conditioner"]["conditioners"][2].update(min_val="0"), "min_val must be a finite number"),
         (lambda c: c["prefix_conditioner"]["conditioners"][0].update(type="Nope"), "type 'Nope'"),
+        (lambda c: c["backbone"].update(n_layer=10_000), r"n_layer must be an integer in \[1, 1024\]"),
+        (lambda c: c["backbone"]["ssm_cfg"].update(chunk_size=10**9), r"chunk_size must be an integer in \[1, 65536\]"),
+        (lambda c: c["backbone"]["attn_cfg"].update(rotary_emb_dim=10**9), "rotary_emb_dim must be an integer in"),
+        (lambda c: c.update(eos_token_id=10**12), r"eos_token_id must be an integer in \[0, 1024\]"),
     ],
 )
 def test_bad_config_json_names_the_file(tmp_path, mutate, pattern):

@@ -12,8 +12,15 @@ from typing import Any, Literal
 
 import torch
 
+from zonos.codebook_pattern import CODEBOOK_SIZE
 from zonos.errors import CheckpointError, ZonosInputError
 from zonos.validation import check_int, check_real
+
+# Upper bounds on a config's sizes, far past any Zonos checkpoint (d_model 2048, 46 layers), so that a damaged or
+# hostile config.json is refused before building its model: 10000 layers took 27 s and 450 MB on the meta device,
+# a chunk_size or rotary dim of 1e9 loaded and then asked for a terabyte at the first generate.
+MAX_WIDTH = 1 << 16
+MAX_LAYERS = 1024
 
 # mamba_ssm's Mamba2 defaults; a config's ``ssm_cfg`` overrides any of them.
 MAMBA2_DEFAULTS: dict[str, Any] = {
@@ -139,10 +146,10 @@ class ZonosConfig:
         """Check every value's type and range (what :meth:`from_dict` runs); raises CheckpointError."""
         bb = self.backbone
         with _as_config_error():
-            check_int("backbone.d_model", bb.d_model, 1)
-            check_int("backbone.d_intermediate", bb.d_intermediate, 0)
-            check_int("backbone.attn_mlp_d_intermediate", bb.attn_mlp_d_intermediate, 0)
-            check_int("backbone.n_layer", bb.n_layer, 1)
+            check_int("backbone.d_model", bb.d_model, 1, MAX_WIDTH)
+            check_int("backbone.d_intermediate", bb.d_intermediate, 0, MAX_WIDTH)
+            check_int("backbone.attn_mlp_d_intermediate", bb.attn_mlp_d_intermediate, 0, MAX_WIDTH)
+            check_int("backbone.n_layer", bb.n_layer, 1, MAX_LAYERS)
             check_real("backbone.norm_epsilon", bb.norm_epsilon, 0.0, 1.0, lo_open=True)
             for key in ("rms_norm", "residual_in_fp32"):
                 if not isinstance(getattr(bb, key), bool):
@@ -156,11 +163,11 @@ class ZonosConfig:
                 check_int(f"backbone.attn_layer_idx[{i}]", layer, 0, bb.n_layer - 1)
             if bb.is_hybrid:
                 for key, value in bb.mamba2().items():
-                    check_int(f"backbone.ssm_cfg.{key}", value, 1)
+                    check_int(f"backbone.ssm_cfg.{key}", value, 1, MAX_WIDTH)
             attn = bb.attention()
             for key in ("num_heads", "num_heads_kv", "head_dim"):
-                check_int(f"backbone.attn_cfg.{key}", attn[key], 1)
-            check_int("backbone.attn_cfg.rotary_emb_dim", attn["rotary_emb_dim"], 0)
+                check_int(f"backbone.attn_cfg.{key}", attn[key], 1, MAX_WIDTH)
+            check_int("backbone.attn_cfg.rotary_emb_dim", attn["rotary_emb_dim"], 0, attn["head_dim"])
             check_real("backbone.attn_cfg.rotary_emb_base", attn["rotary_emb_base"], 0.0, lo_open=True)
             for key in ("rotary_emb_interleaved", "qkv_proj_bias", "out_proj_bias", "causal"):
                 if not isinstance(attn[key], bool):
@@ -178,8 +185,8 @@ class ZonosConfig:
         with torch.device("meta"):
             build_conditioners(pc.conditioners, bb.d_model)
         with _as_config_error():
-            eos = check_int("eos_token_id", self.eos_token_id, 0)
-            check_int("masked_token_id", self.masked_token_id, 0)
+            eos = check_int("eos_token_id", self.eos_token_id, 0, CODEBOOK_SIZE)  # the heads' last column
+            check_int("masked_token_id", self.masked_token_id, 0, CODEBOOK_SIZE + 1)  # the embeddings' last row
             check_int("pad_vocab_to_multiple_of", self.pad_vocab_to_multiple_of, 1)
             if self.masked_token_id == eos:
                 raise ZonosInputError(f"masked_token_id and eos_token_id must differ, both are {eos}")

@@ -50,6 +50,7 @@ from zonos.conditioning.phonemes import MAX_TEXT_CHARS
 from zonos.errors import EngineFullError, ZonosInputError
 from zonos.model import DEFAULT_CHUNK_FRAMES, DEFAULT_FIRST_CHUNK_FRAMES, Zonos
 from zonos.utils import HelpFormatter
+from zonos.validation import describe
 
 __all__ = [
     "DEFAULT_MODELS",
@@ -196,11 +197,6 @@ def _finite(value: int | float) -> bool:
         return False
 
 
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
 def _coerce(name: str, value: Any, default: Any) -> Any:
     """``value`` as the type of the field's ``default`` (None defaults are optional strings)."""
     if default is None:
@@ -217,7 +213,7 @@ def _coerce(name: str, value: Any, default: Any) -> Any:
         raise ZonosInputError(f"{name} must be true or false, got {value!r}")
     if isinstance(default, (int, float)):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not _finite(value):
-            raise ZonosInputError(f"{name} must be a finite number, got {_short(value)}")
+            raise ZonosInputError(f"{name} must be a finite number, got {describe(value)}")
         if isinstance(default, int):
             if value != int(value):
                 raise ZonosInputError(f"{name} must be a whole number, got {value!r}")

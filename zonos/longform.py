@@ -18,11 +18,7 @@ import torch
 from zonos.conditioning import make_cond_dict
 from zonos.errors import ZonosInputError
 from zonos.streaming import AudioChunk
-
-
-def _describe(value: object) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+from zonos.validation import describe
 
 
 def _prefixes(model, segments: list[str], cond: dict) -> Iterator[torch.Tensor]:
@@ -53,7 +49,7 @@ def speak_segments(
         or any(not isinstance(s, str) or not s.strip() for s in segments)
     ):
         raise ZonosInputError(
-            f"segments must be a non-empty list of non-empty strings, got {_describe(segments)}; "
+            f"segments must be a non-empty list of non-empty strings, got {describe(segments)}; "
             "split text with zonos.conditioning.segments.split_text"
         )
     if cond is not None and not isinstance(cond, Mapping):

@@ -35,11 +35,13 @@ __all__ = [
     "check_generator",
     "check_int",
     "check_real",
+    "describe",
     "same_device",
 ]
 
 
-def _describe(value: Any) -> str:
+def describe(value: Any) -> str:
+    """``repr(value)`` cut to 60 characters, for error messages that quote what they were given."""
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
 
@@ -74,7 +76,7 @@ def check_real(
         value = value.item()
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise ZonosInputError(
-            f"{name} must be a real number, got {_describe(value)} ({type(value).__name__})"
+            f"{name} must be a real number, got {describe(value)} ({type(value).__name__})"
             + (f"; {hint}" if hint else "")
         )
     try:
@@ -82,7 +84,7 @@ def check_real(
     except OverflowError:  # an int past float's range (10**400)
         x = math.inf
     if not math.isfinite(x):
-        raise ZonosInputError(f"{name} must be a finite number, got {_describe(value)}" + (f"; {hint}" if hint else ""))
+        raise ZonosInputError(f"{name} must be a finite number, got {describe(value)}" + (f"; {hint}" if hint else ""))
     too_low = lo is not None and (x <= lo if lo_open else x < lo)
     too_high = hi is not None and (x >= hi if hi_open else x > hi)
     if too_low or too_high:
@@ -116,7 +118,7 @@ def check_int(
     elif allow_integral_float and isinstance(value, numbers.Real) and math.isfinite(value) and value == int(value):
         n = int(value)
     else:
-        raise ZonosInputError(f"{name} must be an integer, got {_describe(value)} ({type(value).__name__}){suffix}")
+        raise ZonosInputError(f"{name} must be an integer, got {describe(value)} ({type(value).__name__}){suffix}")
     if (lo is not None and n < lo) or (hi is not None and n > hi):
         left = "-inf" if lo is None else str(lo)
         right = "inf" if hi is None else str(hi)
@@ -139,7 +141,7 @@ def check_device(name: str, device: Any) -> torch.device:
     """``device`` as a ``torch.device`` this machine can run; refuses unknown strings and absent backends
     (``"cuda"`` without a GPU, ``"mps"`` off Apple silicon) with the devices that are available."""
     if isinstance(device, bool) or not isinstance(device, (str, torch.device, int)):
-        raise ZonosInputError(f"{name} must be a device such as 'cpu' or 'cuda', got {_describe(device)}")
+        raise ZonosInputError(f"{name} must be a device such as 'cpu' or 'cuda', got {describe(device)}")
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError, ValueError) as e:
@@ -166,7 +168,7 @@ def check_dtype(name: str, dtype: Any) -> torch.dtype:
     """``dtype`` as a floating ``torch.dtype`` the model's weights can take (float32, bfloat16, float16, float64)."""
     if not isinstance(dtype, torch.dtype) or dtype not in _FLOAT_DTYPES:
         raise ZonosInputError(
-            f"{name} must be a floating torch dtype ({', '.join(map(str, _FLOAT_DTYPES))}), got {_describe(dtype)}; "
+            f"{name} must be a floating torch dtype ({', '.join(map(str, _FLOAT_DTYPES))}), got {describe(dtype)}; "
             "e.g. torch.bfloat16 on a GPU, torch.float32 on the CPU"
         )
     return dtype
@@ -276,12 +278,14 @@ def check_generate_args(
             f"batch_size={batch_size} it must be {allowed}. Pass what prepare_conditioning returns (one cond "
             "and one uncond row per make_cond_dict)"
         )
-    check_finite(
-        "prefix_conditioning",
-        prefix,
-        "rebuild it with prepare_conditioning; a NaN here usually comes from a NaN input or NaN weights",
-    )
+    # One reduction (one wait on a CUDA prefix): amax is NaN or inf when any value is; check_finite then counts them.
     peak = float(prefix.abs().amax()) if prefix.numel() else 0.0
+    if not math.isfinite(peak):
+        check_finite(
+            "prefix_conditioning",
+            prefix,
+            "rebuild it with prepare_conditioning; a NaN here usually comes from a NaN input or NaN weights",
+        )
     if peak > MAX_PREFIX_ABS:
         raise ZonosInputError(
             f"prefix_conditioning holds values up to {peak:.3g}, past {MAX_PREFIX_ABS:g}: its logits would overflow "

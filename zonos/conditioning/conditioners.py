@@ -404,7 +404,11 @@ def _vector(value: Any, n: int, key: str, hint: str = "", dtype: torch.dtype = t
     if n == 1 and not isinstance(value, (torch.Tensor, Sequence)):
         if isinstance(value, bool) or not isinstance(value, numbers.Real):
             raise ZonosInputError(f"{key} must be a single number, got {value!r} ({type(value).__name__})")
-        t = torch.tensor([float(value) if abs(value) < 1e300 else math.inf], dtype=dtype)  # 10**400 is an int
+        try:
+            x = float(value)
+        except OverflowError:  # an int past float's range (10**400)
+            x = math.inf
+        t = torch.tensor([x], dtype=dtype)
         if not bool(t.isfinite().all()):  # NaN, inf, or past the dtype's range (1e39 in float32)
             raise ZonosInputError(f"{key} must be finite (within {dtype}'s range), got {value}")
         return t

@@ -565,11 +565,8 @@ def _read_clip(data: bytes, param: str, max_seconds: float) -> tuple[torch.Tenso
 
     try:
         wav, sr = load_audio(io.BytesIO(data), max_seconds=max_seconds, name=param)
-    except ZonosInputError as e:
-        if "sample rate" in str(e):
-            raise ApiError(400, str(e), "bad_sample_rate", param) from None
-        message = f"{param}: not a readable audio file; send wav, flac, ogg or mp3"
-        raise ApiError(400, message, "bad_audio", param) from None
+    except ZonosInputError as e:  # unreadable, or a sample rate out of range: load_audio's message says which
+        raise ApiError(400, str(e), "bad_audio", param) from None
     if wav.shape[-1] == 0:
         raise ApiError(400, f"{param}: the audio file has no samples", "bad_audio", param)
     return wav, sr

@@ -367,3 +367,35 @@ def test_bad_engine_arguments_leave_the_running_engine_alone(model, prefixes):
     assert model.engine is engine
     rest = list(stream)
     assert rest and rest[-1].final and first.frames[0] == 0
+
+
+def test_queue_size_counts_only_requests_the_free_slots_cannot_take(model, prefixes):
+    """Requests queued while the worker is busy do not count against ``queue_size`` while free slots can take them:
+    with 8 free slots and a queue of 1, nine submits are accepted (eight go to slots at the worker's next iteration)
+    and the tenth is refused; every accepted one then finishes."""
+    engine = Engine(model, slots=8, queue_size=1)
+
+    def request():
+        return model._request(prefixes[0], None, 4, 2.0, 1, None, None)
+
+    try:
+        with engine.idle():  # the worker waits: everything submitted stays queued
+            handles = [engine.submit(request()) for _ in range(9)]
+            assert engine.queued == 9
+            with pytest.raises(EngineFullError, match="queue is full"):
+                engine.submit(request())
+        for h in handles:
+            assert h.result(timeout=60).shape[:2] == (1, 9)
+    finally:
+        engine.shutdown()
+
+
+def test_state_serials_are_never_reused(model):
+    """CUDA graphs are keyed by the state they were captured on: a state allocated where a freed one lived (the
+    same ``id``) still gets a new serial."""
+    seen = set()
+    for _ in range(20):
+        state = model.backbone.allocate_inference_state(2, 8)
+        assert state.serial not in seen
+        seen.add(state.serial)
+        del state

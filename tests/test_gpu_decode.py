@@ -257,6 +257,29 @@ def test_warmup_captures_before_the_first_request():
 
 @cuda
 @pytest.mark.gpu
+def test_a_shut_down_engine_releases_its_graphs():
+    """The model's graph cache outlives its engines: restarting the engine drops the graphs captured on the old
+    engine's state (keyed by its serial), and the new engine captures its own and decodes the same codes."""
+    model = _model()
+    _graphs_on(model)
+    prefix = _prefix(8, 6)
+
+    def run():
+        return model.generate(prefix, max_new_tokens=STEPS, progress_bar=False,
+                              generator=torch.Generator("cuda").manual_seed(5))  # fmt: skip
+
+    first = run()
+    graphs = model.engine.graphs
+    old = {model.engine.slots.state.serial, model.engine.staging.serial}
+    assert any(key[1] in old for key in graphs._graphs)
+    model.start_engine(slots=model.engine.slots.count)
+    assert not any(key[1] in old for key in graphs._graphs)
+    assert torch.equal(run(), first)
+    assert any(key[1] == model.engine.slots.state.serial for key in graphs._graphs)
+
+
+@cuda
+@pytest.mark.gpu
 def test_vocoder_batching_streams_match_their_solo_streams():
     """With CUDA graphs and ``vocoder_batching``, four staggered streams (EOS suppressed) push their steady chunks
     together as rows of one vocoder bank (graphs per bucket of rows, on the bank's side stream): each stream's codes

@@ -2,8 +2,9 @@
 
 A decode step at Zonos-v0.1-hybrid size is ~400-1000 small kernels; launched one by one from Python the host
 cannot keep up with the GPU, so the engine replays each step from a graph. A graph is keyed by everything the
-captured code branches on or bakes in: the bucket of slots, the sampling filters in use, the logits
-processors, the model's backend (so switching accelerators captures anew) and the dtype. The step reads and
+captured code branches on or bakes in: the state it runs on (its serial, never reused), the bucket of slots, the
+sampling filters in use, the logits processors, the model's backend (so switching accelerators captures anew) and
+the dtype; an engine's shutdown releases the graphs of its states. The step reads and
 writes only the engine's slot tensors, which keep their addresses, so one capture serves every later request.
 
 The first call of a key runs the work eagerly (the real step: lazy initialization, Triton JIT and autotuning,
@@ -63,6 +64,14 @@ class GraphCache:
         self._graphs.clear()
         self._inputs.clear()
 
+    def release(self, *states) -> None:
+        """Drop the graphs captured on ``states`` (an engine's slots and staging state, at its shutdown): their
+        memory goes back, and no later replay can touch the states' freed tensors."""
+        serials = {state.serial for state in states}
+        for key in [k for k in self._graphs if k[1] in serials]:
+            del self._graphs[key]
+            self._inputs.pop(key, None)
+
     def run(
         self,
         key: tuple,
@@ -100,7 +109,7 @@ class GraphCache:
 
     def step(self, slots, n: int, use: tuple[bool, ...], processors: tuple, backend) -> None:
         """The engine's decode step over the first ``n`` slots."""
-        key = ("step", id(slots), n, use, processors, backend)
+        key = ("step", slots.state.serial, n, use, processors, backend)
         self.run(key, lambda: slots.step(n, use, processors))
 
     def prefill(self, backbone, hidden: torch.Tensor, state) -> torch.Tensor:
@@ -108,7 +117,7 @@ class GraphCache:
         out = torch.empty_like(hidden)
         start = 0
         for n in prefill_pieces(hidden.shape[1]):
-            key = ("prefill", id(state), n, hidden.shape[0], hidden.dtype, backbone.ops)
+            key = ("prefill", state.serial, n, hidden.shape[0], hidden.dtype, backbone.ops)
             static = self._inputs.get(key)
             if static is None:
                 static = self._inputs[key] = torch.empty(

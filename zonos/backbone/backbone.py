@@ -7,6 +7,8 @@ block first adds (residual += hidden) and then normalizes. That is the same func
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 import torch.nn as nn
 
@@ -57,6 +59,9 @@ def _add_norm(ops, hidden, residual, norm: nn.LayerNorm) -> tuple[torch.Tensor, 
     return ops.add_layer_norm(hidden, residual, norm.weight, norm.bias, norm.eps)
 
 
+_SERIALS = itertools.count()
+
+
 class InferenceState:
     """Every layer's decode cache for ``batch_size`` sequences of up to ``max_seqlen`` tokens.
 
@@ -75,6 +80,9 @@ class InferenceState:
         self.max_seqlen = max_seqlen
         self.seqlen: int | None = 0
         self.position = torch.zeros(batch_size, dtype=torch.long, device=device)
+        # Never reused in the process (``id()`` is, once a state is freed): CUDA graphs captured on this state's
+        # tensors are keyed by it, so a later state cannot replay into this one's freed memory.
+        self.serial = next(_SERIALS)
 
     def reset(self) -> None:
         """Forget every sequence (zeroes the caches in place; addresses are kept)."""

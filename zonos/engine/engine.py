@@ -298,7 +298,7 @@ class Engine:
         with self._cv:
             if self._closed:
                 raise EngineClosedError("the engine was shut down; create a new one (or load the model again)")
-            if len(self._queue) >= self.queue_size:
+            if self._waiting() >= self.queue_size:
                 raise EngineFullError(
                     f"the engine's queue is full ({self.queue_size} requests wait for its {self.slots.count} slots); "
                     "retry later, or create the engine with more slots or a larger queue_size"
@@ -313,6 +313,17 @@ class Engine:
                 atexit.register(self.shutdown)  # a worker killed inside a CUDA call at exit aborts the process
             self._cv.notify_all()
         return handle
+
+    def _waiting(self) -> int:
+        """Queued requests the free slots cannot take (call holding ``_cv``): the worker moves the others into
+        slots at its next iteration, so they do not count against ``queue_size``."""
+        free, waiting = len(self._free), 0
+        for job in self._queue:
+            if waiting == 0 and job.request.batch_size <= free:
+                free -= job.request.batch_size  # the worker admits in order: the first that does not fit waits
+            else:
+                waiting += 1
+        return waiting
 
     def _processor_index(self, fn: Callable) -> int:
         """``fn``'s index + 1 in the processors the step applies (the step's graph key holds them): a processor no
@@ -331,13 +342,17 @@ class Engine:
         return len(self._processors)
 
     def shutdown(self, wait: bool = True) -> None:
-        """Cancel every request and stop the worker; later submits raise :class:`EngineClosedError`."""
+        """Cancel every request and stop the worker; later submits raise :class:`EngineClosedError`. With ``wait``,
+        the CUDA graphs captured on this engine's state are released too (the graph cache is the model's)."""
         with self._cv:
             self._closed = True
             self._cv.notify_all()
         atexit.unregister(self.shutdown)
         if wait and self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join()
+        if wait and self.graphs is not None:
+            with self._work:
+                self.graphs.release(self.slots.state, self.staging)
 
     @property
     def busy(self) -> bool:

@@ -1,0 +1,170 @@
+"""What each part of the engine's work costs on the GPU as the number of streams grows.
+
+Real-size Zonos-v0.1-hybrid and DAC 44.1 kHz with random bf16 weights. Three tables:
+
+- decode step: GPU ms of the engine's captured step over the first ``n`` slots (2n backbone rows, KV length
+  ``--kv``), its kernels, and its byte floor (weights once, each row's SSM/conv state read and written, its KV
+  rows read) at the read bandwidth measured in this run;
+- vocoder: GPU ms of a steady streaming-decoder push of ``f`` frames for ``b`` streams at once (one captured
+  graph), and per stream-frame;
+- join: a request's prefill at ``--prefix`` tokens: wall ms of the engine's whole join (prefill pieces, first
+  token, slot load) and the GPU ms of the prefill pieces alone.
+
+    python3 benchmarks/engine_parts.py [--buckets 1 8 64 128 256] [--rows 1 16 64 256] [--frames 1 16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+from common import no_eos, table
+from gpu import event_times, read_bandwidth_gbs, real_size_model
+
+from zonos.codec.autoencoder import DACAutoencoder
+from zonos.codec.dac import DACConfig
+from zonos.codec.streaming import StreamingDACDecoder
+from zonos.ops.sampler import features
+from zonos.sampling import SamplingParams
+
+
+def step_bytes(model, rows: int, kv_len: int) -> int:
+    weights = sum(p.numel() * p.element_size() for p in model.backbone.parameters())
+    weights += model.heads_weight.numel() * model.heads_weight.element_size()
+    state = model.backbone.allocate_inference_state(1, kv_len, device="meta")
+    per_row = 0
+    for c in state.caches:
+        if hasattr(c, "ssm"):
+            per_row += 2 * (c.ssm.numel() * c.ssm.element_size() + c.conv.numel() * c.conv.element_size())
+        else:
+            per_row += c.k.numel() * c.k.element_size() * 2
+    return weights + rows * per_row
+
+
+def kernels(fn, n: int = 3) -> int:
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(n):
+            fn()
+        torch.cuda.synchronize()
+    return round(sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA) / n)
+
+
+def step_table(model, buckets: list[int], kv: int, bandwidth: float) -> list[dict]:
+    slots = max(buckets)
+    model.start_engine(slots=slots, max_seqlen=kv + 64, queue_size=4)
+    engine = model.engine
+    for c in engine.slots.state.caches:
+        for t in (getattr(c, a, None) for a in ("k", "v", "conv", "ssm")):
+            if t is not None:
+                t.normal_(0, 0.1)
+    engine.slots.state.position.fill_(kv)
+    use = features([SamplingParams(min_p=0.1)])
+    processors = (no_eos(model),)
+    rows = []
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with engine.idle(), torch.cuda.stream(side):
+        for n in buckets:
+
+            def step(n=n):
+                engine.graphs.step(engine.slots, n, use, processors, model.backbone.ops)
+                engine.slots.state.position.fill_(kv)
+
+            step()
+            step()
+            torch.cuda.synchronize()
+            ms = statistics.median(event_times(step, repeat=30, warmup=3))
+            floor = step_bytes(model, 2 * n, kv) / bandwidth * 1e3
+            rows.append({"slots": n, "GPU ms": round(ms, 3), "floor ms": round(floor, 3),
+                         "÷ floor": round(ms / floor, 2), "kernels": kernels(step),
+                         "ms per slot": round(ms / n, 4)})  # fmt: skip
+            print(rows[-1], flush=True)
+    torch.cuda.synchronize()
+    model.engine.shutdown()
+    return rows
+
+
+def vocoder_table(codec, batches: list[int], frames: list[int]) -> list[dict]:
+    rows = []
+    side = torch.cuda.Stream()
+    g = torch.Generator("cuda").manual_seed(0)
+    for f in frames:
+        for b in batches:
+            dec = StreamingDACDecoder(codec, cuda_graphs=True)
+            codes = [torch.randint(0, 1024, (b, 9, f), device="cuda", generator=g) for _ in range(4)]
+            with torch.cuda.stream(side):
+                for i in range(40 // f + 4):  # past the lookahead: the state's shapes are steady
+                    dec.push(codes[i % 4])
+                i = [0]
+
+                def push(dec=dec, codes=codes, i=i):
+                    i[0] += 1
+                    dec.push(codes[i[0] % 4])
+
+                ms = statistics.median(event_times(push, repeat=20, warmup=3))
+                n = kernels(push)
+            torch.cuda.synchronize()
+            rows.append({"frames": f, "streams": b, "GPU ms": round(ms, 3), "kernels": n,
+                         "µs per stream-frame": round(1e3 * ms / (b * f), 2)})  # fmt: skip
+            print(rows[-1], flush=True)
+            del dec
+            torch.cuda.empty_cache()
+    return rows
+
+
+def join_table(model, prefix_tokens: int) -> list[dict]:
+    model.start_engine(slots=8, max_seqlen=prefix_tokens + 200, queue_size=8)
+    engine = model.engine
+    d = model.config.backbone.d_model
+    prefix = torch.randn(2, prefix_tokens, d, device="cuda").to(model.dtype)
+    walls = []
+    for _ in range(8):  # the engine's own join: to the first step (a 1-frame request is prefill + one step)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        model.generate(prefix, max_new_tokens=1, progress_bar=False, logits_processor=no_eos(model))
+        torch.cuda.synchronize()
+        walls.append((time.perf_counter() - t0) * 1e3)
+    hidden = torch.randn(2, prefix_tokens + 1, d, device="cuda").to(model.dtype)
+    side = torch.cuda.Stream()
+    with engine.idle(), torch.cuda.stream(side):
+
+        def pieces():
+            engine.staging.reset()
+            engine.graphs.prefill(model.backbone, hidden, engine.staging)
+
+        gpu = statistics.median(event_times(pieces, repeat=10, warmup=3))
+        n = kernels(pieces)
+    torch.cuda.synchronize()
+    model.engine.shutdown()
+    return [{"prefix tokens": prefix_tokens, "generate(1 frame) wall ms": round(statistics.median(walls[2:]), 2),
+             "prefill pieces GPU ms": round(gpu, 3), "pieces kernels": n}]  # fmt: skip
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--buckets", type=int, nargs="+", default=[1, 8, 64, 128, 256], help="slot buckets to time")
+    ap.add_argument("--kv", type=int, default=270, help="KV length of every row (prefix + half the frames)")
+    ap.add_argument("--rows", type=int, nargs="+", default=[1, 16, 64, 256], help="streams per vocoder push")
+    ap.add_argument("--frames", type=int, nargs="+", default=[1, 16], help="frames per vocoder push")
+    ap.add_argument("--prefix", type=int, default=120, help="prefix tokens of the join")
+    args = ap.parse_args()
+    bandwidth = read_bandwidth_gbs() * 1e9
+    model = real_size_model(max_seqlen=1024)
+    codec = DACAutoencoder(DACConfig(), device="cuda")
+    model.autoencoder = codec
+    model.use_accelerators()
+    print(f"read bandwidth {bandwidth / 1e9:.0f} GB/s; {torch.cuda.get_device_name()}")
+    joins = join_table(model, args.prefix)
+    steps = step_table(model, args.buckets, args.kv, bandwidth)
+    vocoder = vocoder_table(codec, args.rows, args.frames)
+    print(table(steps, "decode step over n slots (2n rows)"))
+    print(table(vocoder, "streaming vocoder push, b streams together"))
+    print(table(joins, "join"))
+
+
+if __name__ == "__main__":
+    main()

@@ -263,6 +263,7 @@ class Engine:
         self.buckets = power_buckets(slots)
         self._queue: deque[_Job] = deque()
         self._running: list[_Job] = []
+        self._finishing: list[_Job] = []  # ended streams whose last audio is on its way (slots already free)
         self._free = list(range(slots))
         self._processors: list[Callable] = []
         self._decoders: list = []  # idle streaming vocoders, reused (with their CUDA graphs) by later streams
@@ -430,6 +431,9 @@ class Engine:
                 with self._cv:
                     self._drop_cancelled_queued()
                     while not self._closed and not self._queue and not self._running:
+                        if self._finishing:  # only last chunks on their way: poll them, no decode step
+                            self._cv.wait(0.0005)
+                            break
                         self._cv.wait()
                         self._drop_cancelled_queued()
                     if self._closed:
@@ -443,6 +447,7 @@ class Engine:
             self._close_all()
 
     def _iteration(self) -> None:
+        self._finish_streams()
         for job in list(self._running):
             if job.cancelled():
                 self._end(job, deliver=False)
@@ -597,14 +602,15 @@ class Engine:
             self.vocoding.push_due(
                 self._delayed, self._hand_out, lambda job: self._end(job, deliver=True), self._running
             )
-        seen = self._watch.poll(self.steps, slots.active, slots.stopping)
+        seen = self._watch.poll(self.steps, slots.active, slots.stopping, slots.offset)
         if seen is not None:
-            as_of, ended, stopped = seen
+            as_of, ended, stopped, offsets = seen
             for job in list(self._running):
                 if job.joined >= as_of:  # flags copied before the job joined describe the slot's previous request
                     continue
                 if all(ended[s] for s in job.slots):
-                    self._end(job, deliver=True)
+                    # Ended before step as_of: the offsets read with the flags are final (no read of the device).
+                    self._end(job, deliver=True, offset=max(offsets[s] for s in job.slots))
                 elif not any(stopped[s] for s in job.slots):
                     # No EOS in codebook 0 up to the column written at step as_of, i.e. in frames before it.
                     job.eos_free = max(job.eos_free, job.offset - (self.steps - as_of))
@@ -632,9 +638,13 @@ class Engine:
                         job.pending.append(job.assembler.vocode(final=False))
                         if job.bank_phase is not None:
                             self.vocoding.after_solo_push(job, self.steps)
-                        self._hand_out(job, wait_first=True)
+                        # A stream alone waits for its first audio here (time to first audio); beside others the
+                        # wait would stall every stream's next step, so the chunk goes out at a later step's poll.
+                        self._hand_out(job, wait_first=len(self._running) == 1)
             if job.offset >= job.limit:
-                self._end(job, deliver=True)
+                # The device's offsets are at most the host's, which is final here: columns past a row's own end
+                # are cut at its EOS, as they would be at the device's offset.
+                self._end(job, deliver=True, offset=job.offset)
         except Exception as err:  # noqa: BLE001 - e.g. a callback's error: it ends this request only
             self._fail(job, err)
 
@@ -658,36 +668,54 @@ class Engine:
             job.audio_out += chunk.audio.shape[-1] / self.model.autoencoder.sampling_rate
             job.items.put(chunk)
 
-    def _end(self, job: _Job, deliver: bool) -> None:
-        """Finish ``job`` (its result or last chunk out when ``deliver``) and free its slots."""
+    def _end(self, job: _Job, deliver: bool, offset: int | None = None) -> None:
+        """Finish ``job`` (its result or last chunk out when ``deliver``) and free its slots. ``offset``: its last
+        written column when the host knows it (else it is read from the device, which waits for the GPU). A stream's
+        last chunk is handed out once its audio has arrived (:meth:`_finish_streams`), without waiting here."""
         if job in self._running:
             self._running.remove(job)
         result = None
+        finishing = False
         try:
             if job.row is not None:
                 self.vocoding.leave(job, keep=deliver and not job.cancelled())
             if deliver and not job.cancelled():
-                offset = int(self.slots.offset[job.index].max())
+                if offset is None:
+                    offset = int(self.slots.offset[job.index].max())
                 if job.assembler is None:
                     # Put after the slots are free, so a caller that has its result sees the engine idle.
                     result = _frames(self.slots.delayed[job.index, :, : job.limit + 1], offset, self.model.eos_token_id)
                 else:
                     job.assembler.take(self.slots.delayed[job.index, :, : offset + 1], offset)
                     job.pending.append(job.assembler.vocode(final=True))
-                    for _, event in job.pending:
-                        if event is not None:
-                            event.synchronize()
                     self._hand_out(job)
+                    finishing = bool(job.pending)
         except Exception as err:  # noqa: BLE001
             job.items.put(err)
-        finally:
-            self._release(job)
-            handle = job.handle()
-            if handle is not None:
-                handle.done = True
-            if result is not None:
-                job.items.put(result)
-            job.items.put(_DONE)
+        if finishing:  # the slots are free now; the decoder is kept until its last audio has arrived
+            self._release(job, keep_decoder=True)
+            self._finishing.append(job)
+            return
+        self._release(job)
+        self._close(job, result)
+
+    def _close(self, job: _Job, result=None) -> None:
+        """The end of ``job``'s items: its result (one-shot), then the end marker."""
+        handle = job.handle()
+        if handle is not None:
+            handle.done = True
+        if result is not None:
+            job.items.put(result)
+        job.items.put(_DONE)
+
+    def _finish_streams(self) -> None:
+        """Hand out the last chunks of ended streams whose audio has arrived, and close them."""
+        for job in list(self._finishing):
+            self._hand_out(job)
+            if not job.pending:
+                self._finishing.remove(job)
+                self._release_decoder(job, wait=False)
+                self._close(job)
 
     def _fail(self, job: _Job, err: BaseException) -> None:
         if job in self._running:
@@ -696,7 +724,7 @@ class Engine:
         job.items.put(err)
         job.items.put(_DONE)
 
-    def _release(self, job: _Job) -> None:
+    def _release(self, job: _Job, keep_decoder: bool = False) -> None:
         if job.row is not None:
             self.vocoding.leave(job, keep=False)
         for s in job.slots:
@@ -704,8 +732,14 @@ class Engine:
         with self._cv:
             self._free = sorted(set(self._free) | set(job.slots))
         job.slots = []
+        if not keep_decoder:
+            self._release_decoder(job)
+
+    def _release_decoder(self, job: _Job, wait: bool = True) -> None:
+        """Back to the pool with the job's decoder; ``wait`` for its side stream first (False: the job's last
+        push is known to have completed)."""
         if job.decoder is not None:
-            if job.assembler is not None and job.assembler.side is not None:
+            if wait and job.assembler is not None and job.assembler.side is not None:
                 job.assembler.side.synchronize()
             if job.decoder is not job.request.decoder:  # the engine's own: back to the pool
                 self._free_decoder(job.decoder)
@@ -714,11 +748,12 @@ class Engine:
     def _close_all(self) -> None:
         with self._cv:
             queued, self._queue = list(self._queue), deque()
-        for job in queued + list(self._running):
+        for job in queued + list(self._running) + list(self._finishing):
             job.items.put(EngineClosedError("the engine was shut down before the request finished"))
             self._release(job)
             job.items.put(_DONE)
         self._running.clear()
+        self._finishing.clear()
 
 
 def _frames(delayed: torch.Tensor, offset: int, eos_token_id: int) -> torch.Tensor:
@@ -747,31 +782,33 @@ def _pair(prefix: torch.Tensor, i: int, batch: int, cfg_scale: float) -> torch.T
 
 
 class _ActiveWatch:
-    """The slots' active flags, read without draining the GPU's queue: every ``SYNC_EVERY`` steps they are copied
-    to pinned host memory behind an event and read ``SYNC_EVERY`` steps later, when the GPU has normally passed
+    """The slots' active flags and offsets, read without draining the GPU's queue: every ``SYNC_EVERY`` steps they
+    are copied to pinned host memory behind an event and read ``SYNC_EVERY`` steps later, when the GPU has normally passed
     them (reading at once would stall the host until the queue drains, then leave the GPU idle while it
     refills). An end is seen fewer than ``2 * SYNC_EVERY`` steps after it happens; on the CPU at once."""
 
     def __init__(self, slots: int, device: torch.device):
         self.cuda = device.type == "cuda"
         self.flags = torch.zeros(2, slots, dtype=torch.bool, pin_memory=self.cuda)  # active, stopping
+        self.offsets = torch.zeros(slots, dtype=torch.int64, pin_memory=self.cuda)
         self.event = torch.cuda.Event() if self.cuda else None
         self.submitted: int | None = None
 
     def poll(
-        self, step: int, active: torch.Tensor, stopping: torch.Tensor
-    ) -> tuple[int, list[bool], list[bool]] | None:
-        """``(as_of, ended, stopped)``: per slot whether it had ended, and whether it had sampled EOS, after step
-        ``as_of``; None when nothing new was read."""
+        self, step: int, active: torch.Tensor, stopping: torch.Tensor, offset: torch.Tensor
+    ) -> tuple[int, list[bool], list[bool], list[int]] | None:
+        """``(as_of, ended, stopped, offsets)``: per slot whether it had ended, whether it had sampled EOS, and its
+        last written column, after step ``as_of``; None when nothing new was read."""
         if not self.cuda:
-            return step, (~active).tolist(), stopping.tolist()
+            return step, (~active).tolist(), stopping.tolist(), offset.tolist()
         ended = None
         if self.submitted is not None and step - self.submitted >= SYNC_EVERY:
             self.event.synchronize()
-            ended = self.submitted, (~self.flags[0]).tolist(), self.flags[1].tolist()
+            ended = self.submitted, (~self.flags[0]).tolist(), self.flags[1].tolist(), self.offsets.tolist()
             self.submitted = None
         if self.submitted is None and step % SYNC_EVERY == 0:
             self.flags.copy_(torch.stack([active, stopping]), non_blocking=True)
+            self.offsets.copy_(offset, non_blocking=True)
             self.event.record()
             self.submitted = step
         return ended

@@ -783,8 +783,8 @@ def _pair(prefix: torch.Tensor, i: int, batch: int, cfg_scale: float) -> torch.T
 
 class _ActiveWatch:
     """The slots' active flags and offsets, read without draining the GPU's queue: every ``SYNC_EVERY`` steps they
-    are copied to pinned host memory behind an event and read ``SYNC_EVERY`` steps later, when the GPU has normally passed
-    them (reading at once would stall the host until the queue drains, then leave the GPU idle while it
+    are copied to pinned host memory behind an event and read ``SYNC_EVERY`` steps later, when the GPU has normally
+    passed them (reading at once would stall the host until the queue drains, then leave the GPU idle while it
     refills). An end is seen fewer than ``2 * SYNC_EVERY`` steps after it happens; on the CPU at once."""
 
     def __init__(self, slots: int, device: torch.device):

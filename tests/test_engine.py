@@ -399,3 +399,19 @@ def test_state_serials_are_never_reused(model):
         assert state.serial not in seen
         seen.add(state.serial)
         del state
+
+
+def test_eos_at_the_prefill_token_ends_stream_and_one_shot_alike(model, prefixes):
+    """The prefill's sampled token is covered by the slots' EOS flags (the steps' flags are not): EOS there ends the
+    stream where it ends the one-shot result, with no frame after it."""
+
+    def eos_first(logits, step):
+        out = logits.clone()
+        out[:, 0, model.eos_token_id] = torch.where(step[:, None] == 0, 1e4, out[:, 0, model.eos_token_id, None])[:, 0]
+        return out
+
+    kw = dict(max_new_tokens=20, progress_bar=False, logits_processor=eos_first)
+    codes = model.generate(prefixes[0], generator=torch.Generator().manual_seed(1), **kw)
+    chunks = list(model.generate(prefixes[0], generator=torch.Generator().manual_seed(1), stream=True, **kw))
+    streamed = torch.cat([c.codes for c in chunks], -1)
+    assert codes.shape[-1] == 0 and torch.equal(streamed, codes)

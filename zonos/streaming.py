@@ -117,13 +117,12 @@ class ChunkAssembler:
     def take(self, delayed: torch.Tensor, offset: int, eos_free: int = 0) -> None:
         """Move the frames complete at column ``offset`` to the next chunk. Finding the end reads the codes on the
         host (once per chunk, not per step), which waits for the GPU; frames before ``eos_free`` are known to hold
-        no EOS (the engine read its slots' flags), so after the first chunk (whose first frame comes from the
-        prefill's token, which the flags do not cover) they need no read."""
+        no EOS (the engine read its slots' flags, which cover the prefill's token too), so they need no read."""
         complete = max(offset - N_CODEBOOKS + 1, 0)
         if self.finished or complete <= self.accepted:
             return
         new = final_frames(delayed, self.accepted, complete)
-        if self.accepted > self.skip_frames and complete <= eos_free:
+        if complete <= eos_free:
             self.ready.append(playable(new))
             self.accepted = complete
             return

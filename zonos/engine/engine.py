@@ -602,7 +602,7 @@ class Engine:
             self.vocoding.push_due(
                 self._delayed, self._hand_out, lambda job: self._end(job, deliver=True), self._running
             )
-        seen = self._watch.poll(self.steps, slots.active, slots.stopping, slots.offset)
+        seen = self._watch.poll(self.steps, slots.active, slots.stopping | slots.prefill_eos, slots.offset)
         if seen is not None:
             as_of, ended, stopped, offsets = seen
             for job in list(self._running):
@@ -612,7 +612,8 @@ class Engine:
                     # Ended before step as_of: the offsets read with the flags are final (no read of the device).
                     self._end(job, deliver=True, offset=max(offsets[s] for s in job.slots))
                 elif not any(stopped[s] for s in job.slots):
-                    # No EOS in codebook 0 up to the column written at step as_of, i.e. in frames before it.
+                    # No EOS in codebook 0 up to the column written at step as_of (the prefill's columns included),
+                    # i.e. in frames before it.
                     job.eos_free = max(job.eos_free, job.offset - (self.steps - as_of))
 
     def _after_step(self, job: _Job) -> None:

@@ -67,6 +67,8 @@ class Slots:
         self.limit = torch.zeros(count, **i64)  # last column the request may write
         self.remaining = torch.zeros(count, **i64)  # steps left (EOS bookkeeping); 0: inactive
         self.stopping = torch.zeros(count, device=device, dtype=torch.bool)
+        # EOS in codebook 0 of the columns the prefill wrote (its sampled token): the steps' flags do not cover it
+        self.prefill_eos = torch.zeros(count, device=device, dtype=torch.bool)
         self.cfg = torch.ones(count, device=device, dtype=torch.float32)
         self.seeds = torch.zeros(count, **i64)
         self.steps = torch.zeros(count, **i64)  # the request's step index, for its noise
@@ -101,6 +103,7 @@ class Slots:
             buffer[slot : slot + 1].copy_(value)
         self.cfg[slot : slot + 1].fill_(cfg_scale)
         self.stopping[slot : slot + 1].fill_(False)
+        self.prefill_eos[slot : slot + 1].copy_((delayed[0, : offset + 1] == self.model.eos_token_id).any().view(1))
         self.active[slot : slot + 1].fill_(True)
         self.params.set_row(slot, params)
 

@@ -16,8 +16,8 @@ read and written, the KV rows attention reads, at the read bandwidth) and their 
 (audio seconds produced per wall second); concurrent streams held (requests between submit and their last chunk,
 averaged over the arrivals' span); the share of streams produced faster than real time; TTFA p50/p99 (submit to
 first chunk); on-time chunks (a chunk is late when it arrives after the audio handed out before it has finished
-playing). Each run uses the engine's vocoder_batching off and on (the streams' steady chunks pushed together:
-chunks per bank push shown).
+playing). Each run uses the engine's vocoder_batching off and on (on: every stream a row of the vocoder slab,
+pushed every --vocoder-frames steps; streams per slab push shown).
 """
 
 from __future__ import annotations
@@ -95,6 +95,7 @@ def run(
     vocoder_streams: int,
     batching: bool,
     load: str,
+    vocoder_frames: int = 4,
 ) -> dict:
     torch.cuda.reset_peak_memory_stats()
     n = len(arrivals)
@@ -104,6 +105,7 @@ def run(
         queue_size=max(n, 1),
         vocoder_streams=vocoder_streams,
         vocoder_batching=batching,
+        vocoder_frames=vocoder_frames,
     )
     engine = model.engine
     d = model.config.backbone.d_model
@@ -168,9 +170,9 @@ def run(
     return {
         "load": load,
         "slots": slots,
-        "vocoder batching": "on" if batching else "off",
+        "vocoder batching": f"slab, {vocoder_frames} frames" if batching else "off",
         "concurrent streams": concurrent,
-        "chunks per bank push": vocoding.rows_pushed / max(vocoding.pushes, 1) if vocoding is not None else 0.0,
+        "streams per slab push": vocoding.rows_pushed / max(vocoding.pushes, 1) if vocoding is not None else 0.0,
         "steps/s": steps / wall,
         "ms/step": step_s * 1e3,
         "floor ms/step": floor * 1e3,
@@ -207,8 +209,9 @@ def main() -> None:
         choices=["off", "on"],
         nargs="+",
         default=["off", "on"],
-        help="engine vocoder_batching settings to run side by side (steady chunks pushed together)",
+        help="engine vocoder_batching settings to run side by side (on: every stream a row of one vocoder slab)",
     )
+    ap.add_argument("--vocoder-frames", type=int, nargs="+", default=[4], help="with batching on: frames per slab push")
     args = ap.parse_args()
     model = random_model("hybrid")
     model.use_accelerators(use_cute_gemv=args.gemv or None, fused_sampling=False if args.no_fused_sampling else None)
@@ -221,13 +224,13 @@ def main() -> None:
         loads = [(s, burst(2 * s, args.ramp, args.seed), f"burst of {2 * s}") for s in args.slots]
     rows = []
     for slots, arrivals, load in loads:
-        for v, batching in [(v, b == "on") for v in args.vocoder_streams for b in args.vocoder_batching]:
+        settings = [(v, b == "on", f) for v in args.vocoder_streams for b in args.vocoder_batching
+                    for f in (args.vocoder_frames if b == "on" else [4])]  # fmt: skip
+        for v, batching, f in settings:
             try:
-                rows.append(
-                    run(
-                        model, slots, args.frames, args.prefix_tokens, arrivals, processor, args.seed, v, batching, load
-                    )  # fmt: skip
-                )
+                row = run(model, slots, args.frames, args.prefix_tokens, arrivals, processor, args.seed, v, batching,
+                          load, f)  # fmt: skip
+                rows.append(row)
             except Exception as err:  # noqa: BLE001 - report and go on to the next load
                 traceback.print_exception(err)
                 print(f"{load}, slots={slots}: {type(err).__name__}: {err}")

@@ -7,10 +7,12 @@ Real-size Zonos-v0.1-hybrid and DAC 44.1 kHz with random bf16 weights. Three tab
   rows read) at the read bandwidth measured in this run;
 - vocoder: GPU ms of a steady streaming-decoder push of ``f`` frames for ``b`` streams at once (one captured
   graph), and per stream-frame;
+- vocoder slab: GPU ms of a :class:`~zonos.codec.slab.VocoderSlab` push of ``b`` rows (inputs masked per row);
 - join: a request's prefill at ``--prefix`` tokens: wall ms of the engine's whole join (prefill pieces, first
   token, slot load) and the GPU ms of the prefill pieces alone.
 
     python3 benchmarks/engine_parts.py [--buckets 1 8 64 128 256] [--rows 1 16 64 256] [--frames 1 16]
+                                     [--parts join step vocoder slab]
 """
 
 from __future__ import annotations
@@ -116,6 +118,40 @@ def vocoder_table(codec, batches: list[int], frames: list[int]) -> list[dict]:
     return rows
 
 
+def slab_table(codec, rows: list[int], frames: list[int]) -> list[dict]:
+    """GPU ms of a VocoderSlab push of ``b`` rows (every layer's input masked to each row's stream), beside the plain
+    steady push of ``b`` streams in :func:`vocoder_table`."""
+    from zonos.codec.slab import VocoderSlab
+
+    out = []
+    side = torch.cuda.Stream()
+    g = torch.Generator("cuda").manual_seed(1)
+    for f in frames:
+        for b in rows:
+            with torch.cuda.stream(side):
+                slab = VocoderSlab(codec, rows=b, frames=f)
+                for r in range(b):
+                    slab.admit(r, -(r % f) - 8 * f)  # rows at every phase, ramping up then steady
+                codes = [torch.randint(0, 1024, (b, 9, f), device="cuda", generator=g) for _ in range(4)]
+                i = [0]
+
+                def push(slab=slab, codes=codes, i=i):
+                    i[0] += 1
+                    slab.push(codes[i[0] % 4])
+
+                for _ in range(3):
+                    push()
+                ms = statistics.median(event_times(push, repeat=20, warmup=3))
+                n = kernels(push)
+            torch.cuda.synchronize()
+            out.append({"frames": f, "rows": b, "GPU ms": round(ms, 3), "kernels": n,
+                        "µs per row-frame": round(1e3 * ms / (b * f), 2)})  # fmt: skip
+            print(out[-1], flush=True)
+            del slab
+            torch.cuda.empty_cache()
+    return out
+
+
 def join_table(model, prefix_tokens: int) -> list[dict]:
     model.start_engine(slots=8, max_seqlen=prefix_tokens + 200, queue_size=8)
     engine = model.engine
@@ -151,6 +187,7 @@ def main() -> None:
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 16, 64, 256], help="streams per vocoder push")
     ap.add_argument("--frames", type=int, nargs="+", default=[1, 16], help="frames per vocoder push")
     ap.add_argument("--prefix", type=int, default=120, help="prefix tokens of the join")
+    ap.add_argument("--parts", nargs="+", default=["join", "step", "vocoder", "slab"], help="tables to make")
     args = ap.parse_args()
     bandwidth = read_bandwidth_gbs() * 1e9
     model = real_size_model(max_seqlen=1024)
@@ -158,12 +195,15 @@ def main() -> None:
     model.autoencoder = codec
     model.use_accelerators()
     print(f"read bandwidth {bandwidth / 1e9:.0f} GB/s; {torch.cuda.get_device_name()}")
-    joins = join_table(model, args.prefix)
-    steps = step_table(model, args.buckets, args.kv, bandwidth)
-    vocoder = vocoder_table(codec, args.rows, args.frames)
-    print(table(steps, "decode step over n slots (2n rows)"))
-    print(table(vocoder, "streaming vocoder push, b streams together"))
-    print(table(joins, "join"))
+    with torch.inference_mode():  # the engine's worker made the graphs' static tensors in inference mode
+        joins = join_table(model, args.prefix) if "join" in args.parts else []
+        steps = step_table(model, args.buckets, args.kv, bandwidth) if "step" in args.parts else []
+        vocoder = vocoder_table(codec, args.rows, args.frames) if "vocoder" in args.parts else []
+        slab = slab_table(codec, args.rows, args.frames) if "slab" in args.parts else []
+    for rows, title in ((steps, "decode step over n slots (2n rows)"), (vocoder, "streaming vocoder push, b streams "
+                        "together"), (slab, "vocoder slab push, b rows"), (joins, "join")):  # fmt: skip
+        if rows:
+            print(table(rows, title))
 
 
 if __name__ == "__main__":

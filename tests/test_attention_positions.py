@@ -16,7 +16,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.kernels import TARGETS, kernel_device
+from tests.kernel_checks import TARGETS, kernel_device
 from zonos import ops
 from zonos.errors import ZonosInputError
 from zonos.ops.rotary import rotary_qk

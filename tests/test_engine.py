@@ -123,9 +123,34 @@ def test_interleaved_iterators(model, prefixes, solo):
                 del live[name]
     assert torch.equal(_audio(got_a), _audio(solo[0][1]))
     assert torch.equal(_audio(got_b), _audio(solo[3][1]))
-    # The two streams had a vocoder each, back in the engine's pool, both taking weight casts from the engine's one.
-    decoders = model.engine._decoders
-    assert len(decoders) >= 2 and len({id(d._params.casts) for d in decoders}) == 1
+    assert model.engine.vocoding.most_rows >= 2  # pushed together as rows of the engine's slab
+
+
+def test_slab_streams_equal_decoders_of_their_own_and_the_one_shot_decode(model, prefixes, solo):
+    """The slab's streams (the default) against streams on decoders of their own (vocoder_batching=False) and the
+    one-shot decode of their codes: the same codes and chunk tiling, the same samples to float64 rounding. On
+    decoders of their own, two streams had a vocoder each, back in the engine's pool, both taking weight casts from
+    the engine's one."""
+    try:
+        model.start_engine(slots=4, vocoder_batching=False)
+        a = model.generate(prefixes[0], **_kwargs(0, stream=True, chunk_frames=4))
+        b = model.generate(prefixes[3], **_kwargs(3, stream=True, chunk_frames=4))
+        own = [list(a), list(b)]
+        decoders = model.engine._decoders
+        assert len(decoders) >= 2 and len({id(d._params.casts) for d in decoders}) == 1
+    finally:
+        model.start_engine(slots=4)
+    for i, chunks in zip([0, 3], own):
+        slab = solo[i][1]
+        assert torch.equal(torch.cat([c.codes for c in slab], -1), solo[i][0])
+        assert torch.equal(torch.cat([c.codes for c in chunks], -1), solo[i][0])
+        ref = model.autoencoder.decode(solo[i][0]).double()
+        for got in (slab, chunks):
+            assert [c.samples[0] for c in got[1:]] == [c.samples[1] for c in got[:-1]]
+            assert [c.frames[0] for c in got[1:]] == [c.frames[1] for c in got[:-1]]
+            assert got[-1].final and not any(c.final for c in got[:-1])
+            audio = _audio(got).double()
+            assert audio.shape == ref.shape and torch.allclose(audio, ref, rtol=0, atol=1e-10), i
 
 
 def test_one_shot_call_while_a_stream_is_open(model, prefixes, solo):
@@ -241,12 +266,13 @@ def test_backend_switch_takes_effect_at_the_next_request(model, prefixes, solo):
 
 
 def test_vocoder_batching_gives_each_stream_its_solo_audio(model, prefixes):
-    """With ``vocoder_batching`` the steady chunks of concurrent streams (joining at different steps, so their
-    chunks are first steered onto the engine's ticks) are pushed together as rows of one decoder, and streams leave
-    the bank at their ends: each stream's codes and audio equal the stream alone on an engine without banks."""
+    """Concurrent streams joining at different steps (so at different frames of the slab's pushes) are decoded as
+    rows of one slab, each row draining after its stream's end: each stream's codes and audio equal the stream
+    alone, exactly (float64). A stream cancelled mid-way leaves the others as they would be alone; after a backend
+    switch the slab's pushes run the new backend's convs."""
     long = dict(max_new_tokens=60, stream=True, chunk_frames=4)
     alone = [list(model.generate(p, **_kwargs(i, **long))) for i, p in enumerate(prefixes)]
-    engine = model.start_engine(slots=4, vocoder_batching=True)
+    engine = model.start_engine(slots=4)
     try:
         handles = {}
 
@@ -269,17 +295,17 @@ def test_vocoder_batching_gives_each_stream_its_solo_audio(model, prefixes):
             assert torch.equal(_audio(got[i]), _audio(alone[i])), i
         vocoding = engine.vocoding
         assert vocoding.most_rows == len(prefixes)  # at some tick all four streams pushed together
-        assert not vocoding.members[4]  # all left
-        # A banked stream cancelled: the other rows go on as they would alone.
+        assert not vocoding.members and not engine.busy  # all drained
+        # A stream cancelled mid-way: the other rows go on as they would alone.
         victim = model.submit(prefixes[1], **_kwargs(1, **long))
         other = model.submit(prefixes[0], **_kwargs(0, **long))
-        it, before = iter(victim), vocoding.rows_pushed
-        while vocoding.rows_pushed < before + 4:  # both banked by now
-            next(it)
+        it, before = iter(victim), vocoding.pushes
+        next(it)
+        assert vocoding.pushes > before
         victim.cancel()
         assert torch.equal(_audio(list(other)), _audio(alone[0]))
-        assert not vocoding.members[4] and not engine.busy
-        # A backend switch: the next banked stream's pushes run the new backend's convs.
+        assert not vocoding.members and not engine.busy
+        # A backend switch: the slab's next pushes run the new backend's convs.
         calls = []
 
         def counting_conv1d(*args, **kwargs):
@@ -290,9 +316,7 @@ def test_vocoder_batching_gives_each_stream_its_solo_audio(model, prefixes):
         model.set_backend(switched)
         pushes = vocoding.pushes
         assert torch.equal(_audio(list(model.generate(prefixes[0], **_kwargs(0, **long)))), _audio(alone[0]))
-        assert vocoding.pushes > pushes and calls and vocoding.banks[4][0].decoder._stages[0].ops is switched
-        sizes = {c.codes.shape[-1] for chunks in got.values() for c in chunks}
-        assert 4 in sizes and sizes != {c.codes.shape[-1] for chunks in alone for c in chunks}  # steered
+        assert vocoding.pushes > pushes and calls and vocoding.slab.decoder._stages[0].ops is switched
     finally:
         model.set_backend(REFERENCE)
         model.start_engine(slots=4)
@@ -322,8 +346,9 @@ def test_warmup_runs_streams_together(model):
 
 
 def test_memory_plan_counts_the_vocoders(model, monkeypatch):
-    """The start-up memory check counts each slot's decode state and its stream's vocoder state (twice with
-    vocoder_batching): a GPU with room for the decode state alone is refused, naming how many slots fit."""
+    """The start-up memory check counts each slot's decode state and its stream's vocoder state (a decoder of its
+    own; with vocoder_batching its slab row too): a GPU with room for the decode state alone is refused, naming how
+    many slots fit."""
     from types import SimpleNamespace
 
     from zonos.engine import check_memory, slot_bytes
@@ -333,11 +358,12 @@ def test_memory_plan_counts_the_vocoders(model, monkeypatch):
     state = slot_bytes(model, 160)
     free = (2 * 2**30 + 9 * state + 4 * vocoder_bytes(False)) / 0.9  # the staging row, 8 slots, 4 vocoders
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (int(free), int(free)))
-    check_memory(gpu, 4, 160)  # 4 slots with their vocoders fit
+    check_memory(gpu, 4, 160, vocoder_batching=False)  # 4 slots with their vocoders fit
     with pytest.raises(ZonosInputError, match=r"8 slots of 160 tokens need .* at most 4 slots fit"):
-        check_memory(gpu, 8, 160)
-    with pytest.raises(ZonosInputError, match="at most 2 slots fit"):
-        check_memory(gpu, 4, 160, vocoder_batching=True)
+        check_memory(gpu, 8, 160, vocoder_batching=False)
+    with pytest.raises(ZonosInputError, match="at most 3 slots fit"):
+        check_memory(gpu, 4, 160)  # a slab row each too (7.2 MiB at 4 frames per push, beside 28 MiB)
+    assert vocoder_bytes(True) - vocoder_bytes(False) == vocoder_bytes(True, 4) - vocoder_bytes(False) > 0
 
 
 def test_slots_past_host_memory_are_refused_on_the_cpu(model):

@@ -694,20 +694,21 @@ def _fuzz_generate_streams(
         elif ok:
             streamed += 1
             assert out, f"{label}: no chunk"
-            start = 0
-            for chunk in out:
-                assert chunk.frames[0] == start and chunk.audio.shape[-1] == 512 * (chunk.frames[1] - start), label
+            frame = sample = 0
+            for chunk in out:  # frames and samples each tile the utterance (the audio lags the codes)
+                assert chunk.frames[0] == frame and chunk.codes.shape[-1] == chunk.frames[1] - frame, label
+                assert chunk.samples[0] == sample and chunk.audio.shape[-1] == chunk.samples[1] - sample, label
                 assert bool(chunk.audio.isfinite().all()), label
-                start = chunk.frames[1]
-            assert abandon or out[-1].final, label
+                frame, sample = chunk.frames[1], chunk.samples[1]
+            assert abandon or (out[-1].final and sample == 512 * frame), label
         assert _settles(model.engine), f"{label}: the engine still holds work"
     return streamed
 
 
 def test_fuzz_streams_and_handles(model):
     """generate(stream=True) and submit with good and bad schedules and arguments; some streams are abandoned
-    after their first chunk. A stream's chunks tile its frames and samples, and each request after a bad or
-    abandoned one still runs (the engine is left ready)."""
+    after their first chunk. A stream's chunks tile its frames and samples (all of them by its final chunk), and
+    each request after a bad or abandoned one still runs (the engine is left ready)."""
     assert _fuzz_generate_streams(model, _hello(model), random.Random(14), 30) >= 5
 
 

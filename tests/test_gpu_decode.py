@@ -281,9 +281,9 @@ def test_a_shut_down_engine_releases_its_graphs():
 @cuda
 @pytest.mark.gpu
 def test_vocoder_batching_streams_match_their_solo_streams():
-    """With CUDA graphs and ``vocoder_batching``, four staggered streams (EOS suppressed) push their steady chunks
-    together as rows of one vocoder bank (graphs per bucket of rows, on the bank's side stream): each stream's codes
-    equal its solo run's, and its audio matches it (cuDNN may sum a batch of rows in another order: ≥ 60 dB)."""
+    """With CUDA graphs and ``vocoder_batching``, four staggered streams (EOS suppressed) are decoded together as
+    rows of the vocoder slab (graphs per bucket of rows, on the slab's stream): each stream's codes equal its solo
+    run's, and its audio matches it (cuDNN may sum a batch of rows in another order: ≥ 60 dB)."""
     from tests.test_codec_streaming import snr_db
 
     model = _model()

@@ -14,7 +14,7 @@ import itertools
 import pytest
 import torch
 
-from tests.kernels import TARGETS, kernel_device
+from tests.kernel_checks import TARGETS, kernel_device
 from zonos.ops import sample_rows
 from zonos.ops.sampler import RowParams, exponential_noise, features, noise_keys
 from zonos.sampling import SamplingParams

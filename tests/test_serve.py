@@ -275,7 +275,9 @@ def test_long_text_streams_whole(server, model):
 
 
 def test_concurrent_requests_show_no_cross_talk(server, model):
-    """Four requests at once, different texts and seeds: each equals its solo result."""
+    """Four requests at once, different texts and seeds: each equals its solo result to the last bit of its
+    16-bit samples (the streams share the vocoder slab, whose float32 convs over 4 rows round unlike those over
+    one; test_engine asserts batched = solo exactly in float64)."""
     jobs = [(f"Sentence number {i} is spoken here.", 10 + i) for i in range(4)]
     solo = [pcm16(expected(model, text=t, seed=s)) for t, s in jobs]
 
@@ -289,7 +291,8 @@ def test_concurrent_requests_show_no_cross_talk(server, model):
         got = list(pool.map(fetch, jobs))
     assert model.engine.steps > 0
     for g, want in zip(got, solo):
-        np.testing.assert_array_equal(g, want)
+        assert g.shape == want.shape
+        assert int(np.abs(g.astype(np.int32) - want).max()) <= 1
 
 
 def test_a_request_cannot_raise_the_servers_frame_cap(server):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.kernels import INTERPRET, TARGETS, kernel_device, kernel_dtypes, poison_allocator, rel_error
+from tests.kernel_checks import INTERPRET, TARGETS, kernel_device, kernel_dtypes, poison_allocator, rel_error
 from zonos import ops
 
 

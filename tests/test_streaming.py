@@ -52,7 +52,30 @@ def test_batch_of_two_streams(model, prefix):
     assert _snr_db(model.autoencoder.decode(codes), torch.cat([c.audio for c in chunks], -1)) >= 90
 
 
-def test_frames_leave_exactly_when_their_last_codebook_is_written(model, prefix, monkeypatch):
+@pytest.fixture
+def own_decoders(model):
+    """Streams on decoders of their own (the engine's vocoder_batching off), for the ChunkAssembler's schedule."""
+    model.start_engine(vocoder_batching=False)
+    yield
+    model.start_engine()
+
+
+def test_slab_chunks_leave_at_its_pushes(model, prefix):
+    """On the vocoder slab (the default) a stream alone gets its first audio at the first push that can hold it
+    (the push that ends at its 10th complete frame), then every push's frames and audio as a chunk of their own with
+    1-frame chunks, or gathered into chunks doubling up to ``chunk_frames``."""
+    lookahead = receptive_field(model.autoencoder.dac.config).lookahead_frames
+    push = model.engine.vocoder_frames
+    chunks = list(_run(model, prefix, seed=5, max_new_tokens=60, stream=True, first_chunk_frames=1, chunk_frames=1))
+    assert chunks[0].frames == (0, lookahead) and chunks[0].audio.shape[-1] == 512 * lookahead - 4757
+    assert all(c.frames[1] - c.frames[0] == push for c in chunks[1:-2])  # (the stream's end falls in the next)
+    assert all(c.audio.shape[-1] == 512 * push for c in chunks[1:-1])
+    assert chunks[-2].frames[1] == chunks[-1].frames[1] == 60 and chunks[-1].samples[1] == 512 * 60
+    chunks = list(_run(model, prefix, seed=5, max_new_tokens=60, stream=True, first_chunk_frames=2, chunk_frames=16))
+    assert [c.frames[1] - c.frames[0] for c in chunks[1:4]] == [push, 2 * push, 16]
+
+
+def test_frames_leave_exactly_when_their_last_codebook_is_written(model, prefix, monkeypatch, own_decoders):
     """With 1-frame chunks, every push after the first carries exactly the newest final frame: frame t
     leaves at the step that writes column t + 9 — not one step earlier, not one later."""
     takes = []
@@ -72,7 +95,7 @@ def test_frames_leave_exactly_when_their_last_codebook_is_written(model, prefix,
         assert end - 1 + 9 == offset  # frame end-1's codebook 8 sits in column end-1+9, written just now
 
 
-def test_chunks_double_up_to_the_steady_size(model, prefix):
+def test_chunks_double_up_to_the_steady_size(model, prefix, own_decoders):
     """After the first chunk (the lookahead's frames and ``first_chunk_frames``), chunks double until they reach
     ``chunk_frames``; a first chunk larger than that is followed by steady chunks at once."""
     lookahead = receptive_field(model.autoencoder.dac.config).lookahead_frames

@@ -676,6 +676,43 @@ def test_sequence_tail_keeps_raw_inputs_in_the_same_call(target, dtype):
         fast.sequence_tail(last, x, length, raw=(last_r, kept_r + n, out_r[..., :-1]))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+def test_sequence_tail_reads_samples_outside_valid_as_zeros(target, dtype):
+    """``valid`` (a vocoder slab's per-row signal ranges): x's samples outside row b's ``[lo, hi)`` are read as
+    zeros, in the window (before Snake) and in the raw tail, with the window unfolded or not, in place or not, with
+    empty, partial and whole ranges; every sample equals the reference's (the reference masks, then runs)."""
+    fast, device = target
+    alpha = (torch.rand(37, generator=torch.Generator().manual_seed(7)) * 2 + 0.1).to(device)
+    for kept, n, unfold, in_place in [(54, 8, (7, 9), True), (18, 300, None, False), (54, 2100, (7, 9), False)]:
+        x = _randn(4, 37, n, device=device, dtype=torch.float16, seed=n, scale=3.0)
+        valid = torch.tensor([[0, n], [3, n - 2], [n, n], [0, 1]], dtype=torch.int64, device=device)
+        last = _randn(4, 37, kept + n, device=device, dtype=dtype, seed=n + 1)
+        last_r = _randn(4, 37, kept // 2 + n, device=device, dtype=torch.float16, seed=n + 2)
+        masked = x.clone()
+        for b, (lo, hi) in enumerate(valid.tolist()):
+            masked[b, :, :lo] = 0
+            masked[b, :, hi:] = 0
+        expected_r = torch.full_like(last_r, float("nan"))
+        expected = reference.sequence_tail(last, masked, kept + n, alpha=alpha, raw=(last_r, kept // 2 + n, expected_r))
+        ref_r = torch.full_like(last_r, float("nan"))
+        assert torch.equal(reference.sequence_tail(last, x, kept + n, alpha=alpha, valid=valid,
+                                                   raw=(last_r, kept // 2 + n, ref_r)), expected)  # fmt: skip
+        assert torch.equal(ref_r, expected_r)
+        _poison(device)
+        out = last.clone() if in_place else None
+        out_r = last_r.clone() if in_place else torch.full_like(last_r, float("nan"))
+        window = fast.sequence_tail(
+            last.clone() if not in_place else out, x, kept + n, out=out, alpha=alpha, unfold=unfold,
+            raw=(last_r.clone() if not in_place else out_r, kept // 2 + n, out_r), scratch=reference.Scratch(),
+            valid=valid,
+        )  # fmt: skip
+        assert torch.allclose(window, expected, rtol=2e-3, atol=1e-6)  # Snake's last bit: see above
+        assert torch.equal(window[2, :, kept:], torch.zeros_like(window[2, :, kept:]))  # an empty range: zeros
+        assert torch.equal(out_r, expected_r)
+    with pytest.raises(ValueError, match="valid"):
+        fast.sequence_tail(last, x, kept + n, valid=valid[:2])
+
+
 def test_float64_and_bad_arguments_take_the_reference_or_raise(target):
     fast, device = target
     x, hist, w, b = _conv_inputs(8, 8, 7, 12, 3, device, torch.float64, seed=3)
@@ -782,6 +819,28 @@ def test_stream_equals_one_shot_bit_for_bit(real_size_codec, fp16, schedule):
         assert audio.shape == one_shot.shape and not audio.isnan().any()
         assert torch.equal(audio, one_shot), f"{int((audio != one_shot).sum())} samples differ"
     assert dec.graph_replays > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fp16", [True, False], ids=["fp16", "fp32"])
+def test_slab_rows_equal_one_shot_bit_for_bit(real_size_codec, fp16):
+    """With the kernels, the streams of a :class:`~zonos.codec.slab.VocoderSlab` (joining at different pushes and
+    frames within them, one reusing a drained row, garbage codes wherever no stream's frame is; eager pushes, then
+    the CUDA-graph replays of each bucket of rows) give each stream's one-shot decode bit for bit."""
+    from tests.test_slab import PLANS, _run_streams
+    from zonos.codec.autoencoder import decode_precision
+    from zonos.codec.slab import VocoderSlab
+
+    codec = real_size_codec
+    slab = VocoderSlab(codec, rows=4, frames=4, fp16_autocast=fp16)
+    for seed in range(2):  # the second run replays the graphs the first captured
+        audio, codes = _run_streams(slab, PLANS, seed=seed)
+        for i, a in audio.items():
+            with torch.no_grad(), decode_precision(a.device, fp16):
+                one_shot = codec.dac.decode(codes[i].cuda()).float()[0]
+            assert a.shape == one_shot.shape and not a.isnan().any()
+            assert torch.equal(a, one_shot), (seed, i, int((a != one_shot).sum()))
+    assert slab.decoder.graph_replays > 0
 
 
 def test_reference_rejects_bad_arguments():

@@ -17,10 +17,10 @@ from zonos.backbone import ZonosBackbone
 from zonos.checkpoint import check_state_dict, load_safetensors
 from zonos.codebook_pattern import CODEBOOK_SIZE, N_CODEBOOKS, UNKNOWN  # noqa: F401 - upstream's import path
 from zonos.codec.autoencoder import DACAutoencoder
-from zonos.codec.streaming import receptive_field
 from zonos.conditioning import PrefixConditioner
 from zonos.config import ZonosConfig
 from zonos.engine import Engine, Request, RequestHandle
+from zonos.engine.engine import VOCODER_FRAMES
 from zonos.errors import ZonosInputError
 from zonos.hub import resolve_file
 from zonos.ops.backend import REFERENCE, Backend, UsesOps, use_backend
@@ -243,14 +243,16 @@ class Zonos(UsesOps, nn.Module):
         max_seqlen: int | None = None,
         queue_size: int = 256,
         vocoder_streams: int = 4,
-        vocoder_batching: bool = False,
+        vocoder_batching: bool = True,
+        vocoder_frames: int = VOCODER_FRAMES,
     ) -> Engine:
         """(Re)create the engine with ``slots`` decode slots of up to ``max_seqlen`` tokens (default: the
         model's) and room for ``queue_size`` waiting requests; memory for them is allocated (and checked) now. A
         previous engine is shut down (its requests are cancelled). ``vocoder_streams``: CUDA streams the
-        streaming vocoders spread over; ``vocoder_batching``: push the steady chunks of concurrent streams together
+        streaming vocoders spread over; ``vocoder_batching``: decode the frames of concurrent streams together
         (see :class:`~zonos.engine.Engine`)."""
-        Engine.check_args(slots, max_seqlen, queue_size, vocoder_streams, vocoder_batching)  # before the old one stops
+        # before the old one stops
+        Engine.check_args(slots, max_seqlen, queue_size, vocoder_streams, vocoder_batching, vocoder_frames)
         old = self._engine
         if old is not None:
             old.shutdown()
@@ -263,6 +265,7 @@ class Zonos(UsesOps, nn.Module):
             graphs=self._graphs,
             vocoder_streams=vocoder_streams,
             vocoder_batching=vocoder_batching,
+            vocoder_frames=vocoder_frames,
         )
         return self._engine
 
@@ -497,6 +500,7 @@ class Zonos(UsesOps, nn.Module):
                 queue_size=engine.queue_size,
                 vocoder_streams=engine.vocoder_streams,
                 vocoder_batching=engine.vocoder_batching,
+                vocoder_frames=engine.vocoder_frames,
             )
         return engine
 
@@ -592,9 +596,8 @@ class Zonos(UsesOps, nn.Module):
         settings requests will use. ``all_prefill_lengths`` captures all 31 prefill piece sizes now (a server
         taking prompts of any length). ``streams`` > 1 (a server): the requests also run 2, 4, ... up to
         ``streams`` at a time, capturing the decode step of every bucket of busy slots up to there and, with the
-        engine's ``vocoder_batching``, the bank push of every bucket of rows (the requests then run long enough
-        to reach the bank). The bar names each Triton kernel as it is compiled. Returns the seconds it took; the model
-        is ready for the next request.
+        engine's ``vocoder_batching``, the slab push of every bucket of rows. The bar names each Triton kernel as
+        it is compiled. Returns the seconds it took; the model is ready for the next request.
         """
         for name, value in (("prefix_length", prefix_length), ("frames", frames), ("streams", streams)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -612,10 +615,6 @@ class Zonos(UsesOps, nn.Module):
                 f"{engine.slots.count} (start_engine(slots=...))"
             )
         start = time.perf_counter()
-        if engine.vocoder_batching and batch_size == 1:
-            # Into the bank (ramp < 2 chunks, one aligning chunk, one steady push alone), then two bank pushes.
-            lookahead = receptive_field(self.autoencoder.dac.config).lookahead_frames
-            frames = max(frames, lookahead + first_chunk_frames + 6 * chunk_frames + N_CODEBOOKS)
         counts = power_buckets(streams)
         d = self.config.backbone.d_model
         rows = 2 if cfg_scale != 1.0 else 1

@@ -66,11 +66,10 @@ from zonos.codec.autoencoder import DACAutoencoder, check_code_range, decode_pre
 from zonos.codec.dac import DAC, DACConfig, ResidualUnit, Snake1d, conv_dtype
 from zonos.ops.backend import REFERENCE, Backend
 from zonos.ops.vocoder import Scratch
-from zonos.utils import power_buckets, tensor_version
+from zonos.utils import tensor_version
 
 __all__ = [
     "StreamingDACDecoder",
-    "DecoderBank",
     "WeightCasts",
     "ReceptiveField",
     "receptive_field",
@@ -168,6 +167,7 @@ class _Stage:
     rows: int | None = None  # a bank's row capacity: its buffers hold that many rows, a push uses the leading ones
     ops: Backend = REFERENCE  # the decoder sets the codec's backend at the start of each stream
     scratch: Scratch | None = None  # and its own scratch, passed to every op call (its fast path's working memory)
+    valid: Tensor | None = None  # a slab's: per row, the [lo, hi) of each push's input samples that hold signal
 
     def __init__(self) -> None:
         self._buffers: dict[tuple, Tensor] = {}  # (attribute, shape, dtype, device) -> fixed-address state
@@ -265,7 +265,7 @@ class _Windowed(_Stage):
         alpha = None if self.snake is None else self.snake.alpha
         unfold = unfold or self.unfold
         self.window = self.ops.sequence_tail(
-            last, x, length, out=window, alpha=alpha, unfold=unfold, raw=raw, scratch=self.scratch
+            last, x, length, out=window, alpha=alpha, unfold=unfold, raw=raw, scratch=self.scratch, valid=self.valid
         )
         return self.window
 
@@ -610,7 +610,7 @@ class StreamingDACDecoder:
         self.cuda_graphs = cuda_graphs
         config = self.dac.config
         self._params = _Params(casts if casts is not None else WeightCasts())
-        self._rows: int | None = None  # set by a DecoderBank: the rows its state buffers hold
+        self._rows: int | None = None  # set by a VocoderSlab: the rows its state buffers hold
         self._scratch = Scratch()  # the ops' working memory for this decoder's calls alone
         self._stages = _decoder_stages(self.dac, self._params)
         self._conv_params = [
@@ -877,135 +877,3 @@ class StreamingDACDecoder:
             return torch.zeros(self._batch or 0, 1, 0, device=self._device)
         self.samples_emitted += out.shape[-1]
         return out.float()
-
-
-class DecoderBank:
-    """Many streams' decoder states as the rows of one decoder, pushed together.
-
-    A stream in its steady schedule (every push ``chunk`` frames) moves its state into a row (:meth:`admit`); from
-    then on one :meth:`push` decodes the next ``chunk`` frames of every row (a CUDA graph per bucket of rows: 1, 2,
-    4, ...; the rows past the streams' are pushed too and ignored). A stream leaves (:meth:`release`) with its state
-    moved into a single-stream decoder, for a last push of another size and the flush. Every op treats rows
-    independently, so a row decodes what its stream decodes alone. What it saves: one launch sequence per push for
-    all rows instead of one per stream (a steady push is ~50 small dependent kernels that read every weight), and
-    one decoder's graphs and workspace instead of one per stream.
-    """
-
-    def __init__(
-        self,
-        codec: DACAutoencoder | DAC,
-        rows: int,
-        chunk: int,
-        fp16_autocast: bool | None = None,
-        cuda_graphs: bool = True,
-        casts: WeightCasts | None = None,
-    ) -> None:
-        self.decoder = StreamingDACDecoder(codec, fp16_autocast, cuda_graphs, casts)
-        self.decoder._rows = rows
-        self.rows = rows
-        self.chunk = chunk
-        self.count = 0  # rows holding a stream: 0 .. count - 1
-        self.buckets = power_buckets(rows)
-        self._key: tuple | None = None  # the rows' state shapes (batch left out) and ints
-
-    def admit(self, solo: StreamingDACDecoder) -> int:
-        """Move the state of ``solo`` (one stream, batch 1, whose last push had ``chunk`` frames) into the next row,
-        which is returned; ``solo`` may be reset and reused."""
-        if self.count >= self.rows:
-            raise RuntimeError(f"the bank's {self.rows} rows are taken")
-        if solo._batch != 1 or solo._finished:
-            raise ValueError("only a running stream of batch 1 can join a bank")
-        key = _row_key(solo)
-        if self.count and key != self._key:
-            raise ValueError("the stream's decoder state has other shapes than the bank rows' (a push not steady)")
-        device = solo._device
-        bank = self.decoder
-        if bank._batch is None:
-            with torch.no_grad(), decode_precision(device, bank.fp16_autocast):
-                bank._start(1, device)
-        self._key = key
-        row = self.count
-        with torch.no_grad():
-            self._order(solo)
-            for (mine, attr), (theirs, _) in zip(_states(bank), _states(solo)):
-                value = getattr(theirs, attr)
-                if isinstance(value, Tensor):
-                    full = mine.state_rows(attr, value)
-                    full[row : row + 1].copy_(value)
-                    value = full
-                setattr(mine, attr, value)
-        self.count += 1
-        return row
-
-    def release(self, row: int, into: StreamingDACDecoder | None = None) -> int | None:
-        """Free ``row``, first moving its state into ``into`` (reset here; None: the stream is dropped). The last row
-        moves into the freed one: returns its old index (None when ``row`` was the last)."""
-        if not 0 <= row < self.count:
-            raise IndexError(f"row {row} holds no stream ({self.count} do)")
-        bank = self.decoder
-        last = self.count - 1
-        with torch.no_grad():
-            if into is not None:
-                into.reset()
-                device = into._device
-                with decode_precision(device, into.fp16_autocast):
-                    into._start(1, device)
-                self._order(into)
-                for (mine, attr), (theirs, _) in zip(_states(bank), _states(into)):
-                    value = getattr(mine, attr)
-                    if isinstance(value, Tensor):
-                        full = mine.state_rows(attr, value)
-                        kept = theirs._empty(attr, (1, *full.shape[1:]), full)
-                        value = kept.copy_(full[row : row + 1])
-                    setattr(theirs, attr, value)
-                into._state_key_cache = None
-            if row != last:
-                self._order()
-                for mine, attr in _states(bank):
-                    value = getattr(mine, attr)
-                    if isinstance(value, Tensor):
-                        full = mine.state_rows(attr, value)
-                        full[row].copy_(full[last])
-        self.count -= 1
-        return None if row == last else last
-
-    def push(self, codes: Tensor) -> Tensor:
-        """The next ``chunk`` frames of every row's stream, ``[rows, 9, chunk]`` in row order; returns their audio
-        ``[rows, 1, samples]``."""
-        n = codes.shape[0]
-        if n != self.count or codes.shape[-1] != self.chunk:
-            raise ValueError(f"a bank push takes [{self.count}, 9, {self.chunk}] codes; got {tuple(codes.shape)}")
-        b = next(size for size in self.buckets if size >= n)
-        if b > n:
-            codes = torch.cat([codes, codes.new_zeros(b - n, *codes.shape[1:])])
-        bank = self.decoder
-        for mine, attr in _states(bank):
-            value = getattr(mine, attr)
-            if isinstance(value, Tensor):
-                setattr(mine, attr, mine.state_rows(attr, value, b))
-        bank._batch = b
-        bank._state_key_cache = None
-        return bank.push(codes)[:n]
-
-    def _order(self, other: StreamingDACDecoder | None = None) -> None:
-        """Order the current stream after the last work on the bank's state and ``other``'s, and record it as theirs."""
-        for dec in (self.decoder, other):
-            if dec is None:
-                continue
-            dec._order_streams()
-            if dec._device.type == "cuda":
-                dec._stream = torch.cuda.current_stream(dec._device)
-
-
-def _states(decoder: StreamingDACDecoder) -> Iterator[tuple[_Stage, str]]:
-    """Every (stage, state attribute) of ``decoder``, in the same order for every decoder of one codec."""
-    for stage in decoder._all_stages():
-        for attr in stage.state_attrs:
-            yield stage, attr
-
-
-def _row_key(decoder: StreamingDACDecoder) -> tuple:
-    """``decoder``'s state shapes without their batch, and its ints: equal for the rows of a bank."""
-    return tuple(
-        tuple(v.shape[1:]) if isinstance(v, Tensor) else v for v in (getattr(s, a) for s, a in _states(decoder))
-    )

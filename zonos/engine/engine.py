@@ -37,13 +37,14 @@ from zonos.codebook_pattern import N_CODEBOOKS, UNKNOWN, apply_delay_pattern, re
 from zonos.codec.dac import DACConfig
 from zonos.codec.streaming import StreamingDACDecoder, WeightCasts, steady_state_size
 from zonos.engine.slots import MAX_WINDOW, Slots
-from zonos.engine.vocoding import RAMP, BankedVocoding
+from zonos.engine.vocoding import SlabVocoding
 from zonos.errors import EngineClosedError, EngineFullError, ZonosInputError
 from zonos.ops.sampler import features, row_params_for, to_device
 from zonos.sampling import SamplingParams
 from zonos.streaming import DEFAULT_CHUNK_FRAMES, AudioChunk, ChunkAssembler, playable
 from zonos.utils import power_buckets
 
+VOCODER_FRAMES = 4  # frames per vocoder slab push; docs/BENCHMARKS.md, decisions: VOCODER_FRAMES
 SYNC_EVERY = 4  # steps between reads of the slots' flags (see _ActiveWatch); docs/BENCHMARKS.md, decisions: SYNC_EVERY
 JOIN_MARGIN_S = 0.05  # audio a running stream keeps buffered while requests join (see Engine._admit)
 _DONE = object()  # end of a handle's items
@@ -187,8 +188,10 @@ class _Job:
         self.decoder = None
         self.pending: deque[tuple[AudioChunk, object]] = deque()  # chunks whose audio is still on its way
         self.first_audio: float | None = None  # perf_counter when the first chunk was handed out
-        self.bank_phase: str | None = None  # on its way into a vocoder bank, or in one (zonos.engine.vocoding)
-        self.row: int | None = None  # its row in that bank
+        self.row: int | None = None  # its vocoder slab row (zonos.engine.vocoding), while it holds one
+        self.slab = None  # its chunks as the slab's pushes come back (a SlabStream)
+        self.slab_first = 0  # the stream frame its row's next push starts at
+        self.skip = 0  # audio prefix frames not emitted
         self.audio_out = 0.0  # seconds of audio handed out
 
     def cancelled(self) -> bool:
@@ -212,13 +215,20 @@ class Engine:
         queue_size: requests that may wait for a slot; a submit beyond raises :class:`EngineFullError`.
         graphs: a CUDA-graph cache (``zonos_accel.graphs.GraphCache``) or None for eager steps.
         vocoder_streams: CUDA streams the streaming vocoders run on (round-robin over requests).
-        vocoder_batching: push the steady chunks of all batch-1 streams together, as rows of one decoder
-            (:mod:`zonos.engine.vocoding`); the audio is the same.
+        vocoder_batching: decode the frames of every batch-1 stream together, as rows of one vocoder slab pushed
+            every ``vocoder_frames`` steps (:mod:`zonos.engine.vocoding`); the audio is the same. Off: each stream
+            on a decoder of its own (as streams continuing a decoder, e.g. long-form segments, always are).
+        vocoder_frames: frames per slab push (a stream's first audio waits up to this many steps longer).
     """
 
     @staticmethod
     def check_args(
-        slots: object, max_seqlen: object, queue_size: object, vocoder_streams: object, vocoder_batching: object
+        slots: object,
+        max_seqlen: object,
+        queue_size: object,
+        vocoder_streams: object,
+        vocoder_batching: object,
+        vocoder_frames: object = VOCODER_FRAMES,
     ) -> None:
         """Refuse arguments the engine cannot run with (:class:`ZonosInputError`), before anything is allocated or
         a previous engine is shut down."""
@@ -239,6 +249,8 @@ class Engine:
             raise ZonosInputError(f"vocoder_streams must be a positive int, got {vocoder_streams!r}")
         if not isinstance(vocoder_batching, bool):
             raise ZonosInputError(f"vocoder_batching must be a bool (True or False), got {vocoder_batching!r}")
+        if isinstance(vocoder_frames, bool) or not isinstance(vocoder_frames, int) or not 1 <= vocoder_frames <= 64:
+            raise ZonosInputError(f"vocoder_frames must be an int from 1 to 64, got {vocoder_frames!r}")
 
     def __init__(
         self,
@@ -248,13 +260,14 @@ class Engine:
         queue_size: int = 256,
         graphs=None,
         vocoder_streams: int = 4,
-        vocoder_batching: bool = False,
+        vocoder_batching: bool = True,
+        vocoder_frames: int = VOCODER_FRAMES,
     ):
-        self.check_args(slots, max_seqlen, queue_size, vocoder_streams, vocoder_batching)
+        self.check_args(slots, max_seqlen, queue_size, vocoder_streams, vocoder_batching, vocoder_frames)
         self.model = model
         self.max_seqlen = model.max_seqlen if max_seqlen is None else max_seqlen
         self.device = model.device
-        check_memory(model, slots, self.max_seqlen, vocoder_batching=vocoder_batching)
+        check_memory(model, slots, self.max_seqlen, vocoder_batching=vocoder_batching, vocoder_frames=vocoder_frames)
         self.slots = Slots(model, slots, self.max_seqlen)
         self.staging = model.backbone.allocate_inference_state(2, self.max_seqlen)
         self.queue_size = queue_size
@@ -263,7 +276,7 @@ class Engine:
         self.buckets = power_buckets(slots)
         self._queue: deque[_Job] = deque()
         self._running: list[_Job] = []
-        self._finishing: list[_Job] = []  # ended streams whose last audio is on its way (slots already free)
+        self._finishing: list[_Job] = []  # ended solo streams whose last audio is on its way (slots already free)
         self._free = list(range(slots))
         self._processors: list[Callable] = []
         self._decoders: list = []  # idle streaming vocoders, reused (with their CUDA graphs) by later streams
@@ -281,11 +294,12 @@ class Engine:
         self._watch = _ActiveWatch(slots, self.device)
         self.vocoder_streams = vocoder_streams
         self.vocoder_batching = vocoder_batching
-        self.vocoding: BankedVocoding | None = None  # the vocoder banks (with vocoder_batching), and their counts
+        self.vocoder_frames = vocoder_frames
+        self.vocoding: SlabVocoding | None = None  # the vocoder slab (with vocoder_batching), and its counts
         if vocoder_batching:
-            self.vocoding = BankedVocoding(
-                model.autoencoder, slots, self.vocoder_graphs, self._casts, self._decoder, self._free_decoder,
-                self._side_stream,
+            self.vocoding = SlabVocoding(
+                model.autoencoder, self.slots, vocoder_frames, self.vocoder_graphs, self._casts, model.eos_token_id,
+                torch.cuda.Stream(self.device) if cuda else None,
             )  # fmt: skip
         self.steps = 0  # decode steps run
         self.step_seconds = 0.0  # host time in them (wall: launches, or the whole step on the CPU)
@@ -378,7 +392,6 @@ class Engine:
             self._decoders.clear()
             if self.vocoding is not None:
                 self.vocoding.cuda_graphs = self.vocoder_graphs
-                self.vocoding.drop_idle()
 
     def prepare_prefill(self) -> None:
         """Capture every prefill piece size now (with graphs on), so no request of any prompt length captures."""
@@ -431,7 +444,8 @@ class Engine:
                 with self._cv:
                     self._drop_cancelled_queued()
                     while not self._closed and not self._queue and not self._running:
-                        if self._finishing:  # only last chunks on their way: poll them, no decode step
+                        if self._finishing or self.vocoding is not None and self.vocoding.busy:
+                            # only last chunks on their way: poll them (and push the slab), no decode step
                             self._cv.wait(0.0005)
                             break
                         self._cv.wait()
@@ -455,6 +469,10 @@ class Engine:
             self._start(job)
         if self._running:
             self._step()
+        elif self.vocoding is not None and self.vocoding.members:
+            self._slab_tick()  # only ended streams' last audio to push: no frames to wait for
+        if self.vocoding is not None:
+            self._collect_slab()
 
     def _drop_cancelled_queued(self) -> None:
         for job in [j for j in self._queue if j.cancelled()]:
@@ -540,6 +558,10 @@ class Engine:
                 r.sampling,
                 job.processor,
             )
+        job.skip = 0 if r.emit_prefix else audio_len
+        if r.stream and self.vocoding is not None and self.vocoding.eligible(r):
+            if self.vocoding.admit(job, self.steps, job.skip, r.first_chunk_frames, r.chunk_frames):
+                return
         if r.stream:
             job.decoder = r.decoder if r.decoder is not None else self._decoder()
             job.assembler = ChunkAssembler(
@@ -551,8 +573,6 @@ class Engine:
                 skip_frames=0 if r.emit_prefix else audio_len,
                 flush=r.flush,
             )
-            if self.vocoding is not None and self.vocoding.eligible(r):
-                job.bank_phase = RAMP
 
     def _side_stream(self):
         if not self._sides:
@@ -598,10 +618,8 @@ class Engine:
                 job.steps += 1
         for job in list(self._running):
             self._after_step(job)
-        if self.vocoding is not None and self.vocoding.pending:
-            self.vocoding.push_due(
-                self._delayed, self._hand_out, lambda job: self._end(job, deliver=True), self._running
-            )
+        if self.vocoding is not None and self.vocoding.due(self.steps):
+            self._slab_tick()
         seen = self._watch.poll(self.steps, slots.active, slots.stopping | slots.prefill_eos, slots.offset)
         if seen is not None:
             as_of, ended, stopped, offsets = seen
@@ -629,19 +647,14 @@ class Engine:
             if job.assembler is not None:
                 self._hand_out(job)
                 if job.assembler.due(job.offset):
-                    if job.row is not None:
-                        self.vocoding.due.append(job)  # pushed with its bank's other rows after this step
-                    else:
-                        job.assembler.take(self._delayed(job), job.offset, job.eos_free)
-                        if job.assembler.finished:
-                            self._end(job, deliver=True)
-                            return
-                        job.pending.append(job.assembler.vocode(final=False))
-                        if job.bank_phase is not None:
-                            self.vocoding.after_solo_push(job, self.steps)
-                        # A stream alone waits for its first audio here (time to first audio); beside others the
-                        # wait would stall every stream's next step, so the chunk goes out at a later step's poll.
-                        self._hand_out(job, wait_first=len(self._running) == 1)
+                    job.assembler.take(self._delayed(job), job.offset, job.eos_free)
+                    if job.assembler.finished:
+                        self._end(job, deliver=True)
+                        return
+                    job.pending.append(job.assembler.vocode(final=False))
+                    # A stream alone waits for its first audio here (time to first audio); beside others the
+                    # wait would stall every stream's next step, so the chunk goes out at a later step's poll.
+                    self._hand_out(job, wait_first=len(self._running) == 1)
             if job.offset >= job.limit:
                 # The device's offsets are at most the host's, which is final here: columns past a row's own end
                 # are cut at its EOS, as they would be at the device's offset.
@@ -675,12 +688,19 @@ class Engine:
         last chunk is handed out once its audio has arrived (:meth:`_finish_streams`), without waiting here."""
         if job in self._running:
             self._running.remove(job)
+        if job.row is not None:
+            if deliver and not job.cancelled():
+                # Its row pushes on until its last sample is out (_collect_slab); the slot stays its until then, its
+                # steps stopped (a callback may stop a stream with steps left).
+                self.vocoding.end(job, job.offset if offset is None else offset)
+                for s in job.slots:
+                    self.slots.release(s)
+                return
+            self.vocoding.drop(job)
         result = None
         finishing = False
         try:
-            if job.row is not None:
-                self.vocoding.leave(job, keep=deliver and not job.cancelled())
-            if deliver and not job.cancelled():
+            if deliver and not job.cancelled() and job.slab is None:
                 if offset is None:
                     offset = int(self.slots.offset[job.index].max())
                 if job.assembler is None:
@@ -709,6 +729,43 @@ class Engine:
             job.items.put(result)
         job.items.put(_DONE)
 
+    def _slab_tick(self) -> None:
+        """Push the slab (its ring of host buffers full: after collecting the oldest copy, waiting for it)."""
+        while self.vocoding.full:
+            self._collect_slab(wait=True)
+        self.vocoding.tick()
+
+    def _collect_slab(self, wait: bool = False) -> None:
+        """Hand out the slab's chunks whose copies have arrived (``wait``: the oldest one's, waiting for it); close the
+        streams whose rows have drained. A stream alone waits for its first audio (time to first audio); beside
+        others that would stall their steps."""
+        vocoding = self.vocoding
+        while True:
+            results = vocoding.collect_one(wait or len(self._running) <= 1 and vocoding.expects_first_audio())
+            wait = False
+            if results is None:
+                return
+            for job, chunk, drained in results:
+                if job.cancelled():
+                    self._end(job, deliver=False)
+                    continue
+                if chunk is not None:
+                    self._deliver(job, chunk)
+                if drained:
+                    if job in self._running:
+                        self._running.remove(job)
+                    self._release(job)
+                    self._close(job)
+
+    def _deliver(self, job: _Job, chunk: AudioChunk) -> None:
+        if job.first_audio is None and chunk.audio.shape[-1]:
+            job.first_audio = time.perf_counter()
+            handle = job.handle()
+            if handle is not None:
+                handle.ttfa = job.first_audio - handle.submitted
+        job.audio_out += chunk.audio.shape[-1] / self.model.autoencoder.sampling_rate
+        job.items.put(chunk)
+
     def _finish_streams(self) -> None:
         """Hand out the last chunks of ended streams whose audio has arrived, and close them."""
         for job in list(self._finishing):
@@ -727,7 +784,7 @@ class Engine:
 
     def _release(self, job: _Job, keep_decoder: bool = False) -> None:
         if job.row is not None:
-            self.vocoding.leave(job, keep=False)
+            self.vocoding.drop(job)
         for s in job.slots:
             self.slots.release(s)
         with self._cv:
@@ -749,7 +806,10 @@ class Engine:
     def _close_all(self) -> None:
         with self._cv:
             queued, self._queue = list(self._queue), deque()
-        for job in queued + list(self._running) + list(self._finishing):
+        draining = []
+        if self.vocoding is not None:
+            draining = [job for job in self.vocoding.members.values() if job not in self._running]
+        for job in queued + list(self._running) + list(self._finishing) + draining:
             job.items.put(EngineClosedError("the engine was shut down before the request finished"))
             self._release(job)
             job.items.put(_DONE)
@@ -826,11 +886,14 @@ def slot_bytes(model, max_seqlen: int) -> int:
     return caches + N_CODEBOOKS * max_seqlen * 8
 
 
-def vocoder_bytes(vocoder_batching: bool) -> int:
-    """Device bytes of streaming vocoder state one slot's stream may hold: the published codec's steady state at the
-    default chunk size in fp16 (28 MiB), twice with ``vocoder_batching`` (its bank row, and a decoder of its own while
-    it ramps up or ends)."""
-    return (2 if vocoder_batching else 1) * 2 * steady_state_size(DACConfig(), DEFAULT_CHUNK_FRAMES)
+def vocoder_bytes(vocoder_batching: bool, vocoder_frames: int = VOCODER_FRAMES) -> int:
+    """Device bytes of streaming vocoder state one slot's stream may hold, for the published codec in fp16: a decoder
+    of its own at the default chunk size (28 MiB: streams that continue a decoder run on one), and with
+    ``vocoder_batching`` its slab row too (steady state at ``vocoder_frames``: 7.2 MiB at 4)."""
+    size = steady_state_size(DACConfig(), DEFAULT_CHUNK_FRAMES)
+    if vocoder_batching:
+        size += steady_state_size(DACConfig(), vocoder_frames)
+    return 2 * size
 
 
 def _processed(processor: Callable, logits: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
@@ -858,7 +921,14 @@ def _host_available() -> int | None:
     return None
 
 
-def check_memory(model, slots: int, max_seqlen: int, headroom: float = 0.1, vocoder_batching: bool = False) -> None:
+def check_memory(
+    model,
+    slots: int,
+    max_seqlen: int,
+    headroom: float = 0.1,
+    vocoder_batching: bool = True,
+    vocoder_frames: int = VOCODER_FRAMES,
+) -> None:
     """Raise a clear error (naming the most slots that fit) when ``slots`` slots of ``max_seqlen`` tokens and their
     streams' vocoder state would not fit in the GPU's free memory, keeping ``headroom`` of it (and 2 GiB) for
     activations, graphs and weights cast for the vocoders; on the CPU, the slots' state against the host memory
@@ -866,7 +936,7 @@ def check_memory(model, slots: int, max_seqlen: int, headroom: float = 0.1, voco
     state = slot_bytes(model, max_seqlen)
     if model.device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(model.device)
-        per_slot = state + vocoder_bytes(vocoder_batching)
+        per_slot = state + vocoder_bytes(vocoder_batching, vocoder_frames)
         usable = free * (1 - headroom) - 2 * 2**30 - state  # the staging state is one slot more
         where = "of the GPU is free"
     else:

@@ -1,175 +1,253 @@
-"""Streams' vocoder pushes batched across slots: the engine's :class:`~zonos.codec.streaming.DecoderBank` s.
+"""Streams' audio from one vocoder slab: the frames of every batch-1 stream decoded together, one push per tick.
 
-A stream starts on a decoder of its own (its first chunks ramp up, 2, 4, 8, ... frames). Once its chunks reach
-``chunk_frames`` C, one chunk is resized so that its pushes fall on the engine's ticks (steps that are a multiple of
-C), one more steady push follows on its own decoder, and its state then moves into a row of the bank for C: at each
-tick, one push decodes the next C frames of every stream in the bank. A stream leaves the bank at its end (for its
-last, shorter push and the flush, on a decoder of its own again) or when cancelled. Only batch-1 streams on the
-engine's own decoders take part. The audio is the same: rows decode what the streams decode alone (the one-shot
-decode), whatever the chunk boundaries.
+With the engine's ``vocoder_batching`` (the default), a stream of batch 1 on the engine's own vocoder (not one
+handed in, as :mod:`zonos.longform` does) has the :class:`~zonos.codec.slab.VocoderSlab` row of its slot for its
+whole life. Every ``frames`` engine steps (a *tick*), one push decodes the last ``frames`` complete frames of every
+such stream, and its audio, its codes and the rows' stream ends go to pinned host memory in one copy; the host hands
+the chunks out once that copy's event has completed. Between ticks nothing runs on the host per stream, no tick
+waits for the GPU, and no stream needs a decoder of its own at its start or its end.
+
+Frames: at the tick after engine step ``s``, row ``r`` pushes frames ``K - frames .. K - 1`` of its stream, ``K``
+its complete frames then (its slot's offset - 8, less the audio prefix's frames when those are not emitted: the
+stream starts after them, as a stream alone does). The slab advances the row's first frame by ``frames`` per push, so
+after the stream's end (an EOS, found in the pushed codes on the device, its length, or where its callback stopped
+it) the pushes go on, past the end, which reads as silence, until its last sample is out: then the slot is free.
+The first tick of an idle slab is placed so that its first stream's first audio comes at the first push that can
+hold it (its 10th complete frame).
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections import deque
+from dataclasses import dataclass
 
 import torch
 
-from zonos.codec.streaming import DecoderBank, StreamingDACDecoder, WeightCasts
+from zonos.codebook_pattern import N_CODEBOOKS
+from zonos.codec.slab import OPEN_END, VocoderSlab
+from zonos.codec.streaming import WeightCasts, receptive_field
+from zonos.streaming import AudioChunk, playable
 
-RAMP, ALIGN, ENTER, BANKED = "ramp", "align", "enter", "banked"  # a stream's way into a bank
+RING = 8  # pinned host buffers the ticks' copies rotate through (a tick's is read before it is reused)
 
 
-class BankedVocoding:
-    """The banks of one engine (one per steady chunk size), their member jobs and the alignment of their pushes.
+@dataclass
+class _Tick:
+    """A push on its way to the host: its copy's event, the pinned buffer and each member's (job, row, first)."""
 
-    ``decoder`` gives a free single-stream decoder and ``free`` takes one back (the engine's pool), ``side`` gives the
-    CUDA stream a new bank runs on.
-    """
+    event: torch.cuda.Event | None
+    host: torch.Tensor
+    members: list[tuple[object, int, int]]
 
-    def __init__(
-        self,
-        codec,
-        rows: int,
-        cuda_graphs: bool,
-        casts: WeightCasts,
-        decoder: Callable[[], StreamingDACDecoder],
-        free: Callable[[StreamingDACDecoder], None],
-        side: Callable,
-    ):
+
+class SlabStream:
+    """One stream's chunks as its slab row's pushes come back: audio and codes gathered into chunks of the request's
+    schedule (the first as soon as it holds audio, then ``first_chunk_frames`` doubling up to ``chunk_frames``)."""
+
+    def __init__(self, first_chunk_frames: int, chunk_frames: int):
+        self.size = first_chunk_frames
+        self.chunk_frames = chunk_frames
+        self.audio: list[torch.Tensor] = []
+        self.codes: list[torch.Tensor] = []
+        self.frames = self.samples = 0  # handed out
+        self.held_frames = self.held_samples = 0
+        self.audible = False  # a chunk with audio has been handed out
+
+    def add(self, audio: torch.Tensor, codes: torch.Tensor, final: bool) -> AudioChunk | None:
+        """Take a push's ``audio`` (samples) and ``codes`` (9, frames) of the stream; the chunk due now, if any."""
+        if audio.numel():
+            self.audio.append(audio)
+        if codes.shape[-1]:
+            self.codes.append(codes)
+        self.held_frames += codes.shape[-1]
+        self.held_samples += audio.numel()
+        due = final or (self.held_samples and not self.audible) or self.held_frames >= self.size
+        if not due or not (final or self.held_samples):
+            return None
+        audio = torch.cat(self.audio) if self.audio else torch.zeros(0)
+        codes = torch.cat(self.codes, -1) if self.codes else torch.zeros(N_CODEBOOKS, 0, dtype=torch.long)
+        chunk = AudioChunk(
+            audio.view(1, 1, -1),
+            codes.view(1, N_CODEBOOKS, -1),
+            (self.frames, self.frames + self.held_frames),
+            (self.samples, self.samples + self.held_samples),
+            final,
+        )
+        self.frames += self.held_frames
+        self.samples += self.held_samples
+        self.audio, self.codes, self.held_frames, self.held_samples = [], [], 0, 0
+        self.audible = self.audible or chunk.audio.shape[-1] > 0
+        if self.audible:
+            self.size = min(2 * self.size, self.chunk_frames)
+        return chunk
+
+
+class SlabVocoding:
+    """The slab of one engine's :class:`~zonos.engine.slots.Slots` (row ``r`` is slot ``r``'s stream), its ticks and
+    the copies on their way back (see the module docstring). ``stream``: the CUDA stream its work runs on (None on
+    the CPU)."""
+
+    def __init__(self, codec, slots, frames: int, cuda_graphs: bool, casts: WeightCasts, eos_token_id: int, stream):
         self.codec = codec
-        self.rows = rows
+        self.slots = slots
+        self.frames = frames
         self.cuda_graphs = cuda_graphs
         self.casts = casts
-        self._decoder = decoder
-        self._free = free
-        self._side = side
-        self.banks: dict[int, tuple[DecoderBank, torch.cuda.Stream | None]] = {}
-        self.members: dict[int, list] = {}  # chunk size -> its bank's jobs, by row
-        self.due: list = []  # banked jobs whose chunk is due at this step
-        self.entering: list = []  # jobs whose steady push alone was at this step's tick: they join after it
-        self.pushes = 0  # bank pushes made
-        self.rows_pushed = 0  # streams' chunks they decoded
-        self.most_rows = 0  # in one push
+        self.eos_token_id = eos_token_id
+        self.stream = stream
+        self.lookahead = receptive_field(codec.dac.config).lookahead_frames  # frames before a stream's first audio
+        self.slab: VocoderSlab | None = None  # made for the first stream: rows x one stream's steady state
+        self.members: dict[int, object] = {}  # row -> its job (running, or ended and draining)
+        self.phase = 0  # ticks follow engine steps s with (s - phase) % frames == 0
+        device = slots.offset.device
+        self._skip = torch.zeros(slots.count, dtype=torch.int64, device=device)  # audio prefix frames not emitted
+        # Column of codebook k of frame first + j in the delayed codes: first + skip + j + k + 1.
+        self._columns = (
+            torch.arange(frames, device=device)[None, :] + torch.arange(N_CODEBOOKS, device=device)[:, None] + 1
+        )[None]
+        self._positions = torch.arange(frames, device=device)[None, :]
+        self._ring: list[torch.Tensor] = []
+        self._ticks: deque[_Tick] = deque()
+        self.pushes = 0  # ticks pushed
+        self.rows_pushed = 0  # streams' pushes they held
+        self.most_rows = 0  # streams in one push
 
     @staticmethod
     def eligible(request) -> bool:
         return request.stream and request.decoder is None and request.batch_size == 1 and request.flush
 
-    def after_solo_push(self, job, steps: int) -> None:
-        """Steer a stream on its own decoder into a bank, after its push at engine step ``steps``: its next push is
-        due ``assembler.size`` steps later."""
-        a = job.assembler
-        c = a.chunk_frames
-        if job.bank_phase == RAMP and a.size == c:
-            a.size = c - steps % c  # the push after this one is due at a tick
-            a.next_push = a.accepted + a.size
-            job.bank_phase = ALIGN
-        elif job.bank_phase == ALIGN:
-            a.size = c  # this push was at a tick; the next is too, and leaves a steady state
-            a.next_push = a.accepted + c
-            job.bank_phase = ENTER
-        elif job.bank_phase == ENTER and steps % c == 0 and a.size == c:
-            self.entering.append(job)  # after this tick's bank push, which does not hold its chunk
-        elif job.bank_phase == ENTER:  # out of step (not expected): it stays on its own decoder
-            job.bank_phase = None
+    @property
+    def busy(self) -> bool:
+        """Whether streams hold rows (running or draining) or copies are on their way."""
+        return bool(self.members or self._ticks)
 
-    def _enter(self, job) -> None:
-        c = job.assembler.chunk_frames
-        if c in self.banks and not self.members[c] and self._stale(self.banks[c][0]):
-            del self.banks[c], self.members[c]
-        if c not in self.banks:
-            bank = DecoderBank(self.codec, self.rows, c, cuda_graphs=self.cuda_graphs, casts=self.casts)
-            self.banks[c] = (bank, self._side())
-            self.members[c] = []
-        bank, side = self.banks[c]
-        with _on(side):
-            job.row = bank.admit(job.decoder)
-            self._free(job.decoder)  # its state is in the bank now
-        job.decoder = job.assembler.decoder = None
-        self.members[c].append(job)
-        job.bank_phase = BANKED
+    def _on(self) -> contextlib.AbstractContextManager:
+        return torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext()
 
-    def _stale(self, bank: DecoderBank) -> bool:
-        """Whether an idle bank's decoder replays other settings than new streams use (graphs off, another backend)."""
-        return bank.decoder.cuda_graphs != self.cuda_graphs or bank.decoder._stages[0].ops is not self.codec.dac.ops
+    def admit(self, job, steps: int, skip: int, first_chunk_frames: int, chunk_frames: int) -> bool:
+        """Give ``job`` (one slot, just prefilled, before engine step ``steps + 1``) its slot's row; False (no row)
+        when frames of it are complete already (an audio prefix it emits): a push holds ``frames`` frames, so the
+        row could not catch up."""
+        t = self.frames
+        row = job.slots[0]
+        complete = job.offset - N_CODEBOOKS + 1 - skip  # the stream's complete frames now (negative: steps away)
+        if complete > 0:
+            return False
+        if not self.members:  # no tick is due for anyone else: place them for this stream's first audio
+            self.phase = (steps + self.lookahead - complete) % t
+        to_tick = 1 + (self.phase - steps - 1) % t  # steps to the next tick
+        first = complete + to_tick - t
+        end = job.limit - N_CODEBOOKS + 1 - skip  # frames at its length
+        with self._on():
+            if self.slab is None:
+                self.slab = VocoderSlab(self.codec, self.slots.count, t, cuda_graphs=self.cuda_graphs, casts=self.casts)
+            self.slab.decoder.cuda_graphs = self.cuda_graphs
+            self.slab.admit(row, first, end)
+            self._skip[row : row + 1].fill_(skip)
+        job.row, job.slab_first, job.skip = row, first, skip
+        job.slab = SlabStream(first_chunk_frames, chunk_frames)
+        self.members[row] = job
+        return True
 
-    def leave(self, job, keep: bool) -> None:
-        """Take ``job`` out of its bank; with ``keep`` its state goes on in a decoder of its own (for its last push)."""
-        c = job.assembler.chunk_frames
-        bank, side = self.banks[c]
-        members = self.members[c]
-        solo: StreamingDACDecoder | None = self._decoder() if keep else None
-        with _on(side):
-            moved = bank.release(job.row, solo)
-        if moved is not None:
-            members[moved].row = job.row
-            members[job.row] = members[moved]
-        members.pop()
+    def end(self, job, offset: int) -> None:
+        """``job``'s stream ends where column ``offset`` was written last (if not earlier, at an EOS)."""
+        with self._on():
+            self.slab.set_end(job.row, offset - N_CODEBOOKS + 1 - job.skip)
+
+    def drop(self, job) -> None:
+        """Forget ``job``'s row (cancelled or drained): its pushes on their way are not handed out."""
+        if self.members.get(job.row) is job:
+            del self.members[job.row]
         job.row = None
-        job.bank_phase = None
-        if solo is not None:
-            solo.frames_pushed = job.assembler.pushed
-            job.decoder = job.assembler.decoder = solo
 
     @property
-    def pending(self) -> bool:
-        """Whether this step has bank pushes or joins to make (:meth:`push_due`)."""
-        return bool(self.due or self.entering)
+    def full(self) -> bool:
+        """Whether every buffer of the ring holds a copy not collected yet (collect before the next tick)."""
+        return len(self._ticks) >= RING
 
-    def push_due(self, delayed: Callable, hand_out: Callable, finish: Callable, running: list) -> None:
-        """One push per bank of the chunks due now, then the joins of the streams entering at this tick:
-        ``delayed(job)`` gives a job's delayed codes, ``hand_out(job)`` hands its arrived chunks out, ``finish(job)``
-        ends a job whose chunk ended its stream; ``running`` are the engine's running jobs."""
-        due, self.due = self.due, []
-        entering, self.entering = self.entering, []
-        for c, (bank, side) in self.banks.items():
-            jobs = [job for job in due if job.row is not None and job.assembler.chunk_frames == c]
-            if not jobs:
-                continue
-            for job in jobs:
-                job.assembler.take(delayed(job), job.offset, job.eos_free)
-            due_now = {id(job) for job in jobs}  # (sets: a bank may hold hundreds of rows)
-            for job in list(self.members[c]):
-                ready = sum(f.shape[-1] for f in job.assembler.ready)
-                if id(job) not in due_now or job.assembler.finished or ready != c:
-                    self.leave(job, keep=True)  # its stream ends in this chunk (or is out of step): alone
-                    if job.assembler.finished:
-                        finish(job)
-                    elif id(job) in due_now:
-                        job.pending.append(job.assembler.vocode(final=False))
-            pushing = list(self.members[c])
-            if not pushing:
-                continue
-            codes = torch.cat([job.assembler.take_ready() for job in pushing])
+    def due(self, steps: int) -> bool:
+        return bool(self.members) and (steps - self.phase) % self.frames == 0
+
+    def tick(self) -> None:
+        """Push every row up to the last member's and start the copy of its results to the host."""
+        slab, t = self.slab, self.frames
+        n = max(self.members) + 1
+        if self.full:
+            raise RuntimeError("every host buffer of the slab holds a copy not collected yet")
+        with self._on():
+            if self.stream is not None:
+                self.stream.wait_stream(torch.cuda.current_stream(self.slots.offset.device))  # the step's codes
+            first = slab.first[:n]
+            delayed = self.slots.delayed[:n]
+            columns = (first + self._skip[:n])[:, None, None] + self._columns
+            raw = delayed.gather(2, columns.clamp(0, delayed.shape[-1] - 1))
+            positions = first[:, None] + self._positions
+            eos = torch.where((raw[:, 0] == self.eos_token_id) & (positions >= 0), positions, OPEN_END).amin(1)
+            torch.minimum(slab.end[:n], eos, out=slab.end[:n])
+            codes = playable(raw)
+            audio = slab.push(codes)
+            packed = torch.cat([audio.reshape(n, -1), codes.reshape(n, -1).float(), slab.end[:n, None].float()], 1)
+            host = self._buffer(packed.shape[1])[:n]
+            host.copy_(packed, non_blocking=True)
             event = None
-            if side is not None:  # the codes come from the engine's stream
-                side.wait_stream(torch.cuda.current_stream(side.device))
-            with _on(side):
-                audio = bank.push(codes)
-                if side is not None:
-                    host = torch.empty(audio.shape, dtype=audio.dtype, pin_memory=True)
-                    host.copy_(audio, non_blocking=True)
-                    event = torch.cuda.Event()
-                    event.record(side)
-                    audio = host
-            self.pushes += 1
-            self.rows_pushed += len(pushing)
-            self.most_rows = max(self.most_rows, len(pushing))
-            for i, job in enumerate(pushing):
-                job.pending.append((job.assembler.pushed_chunk(codes[i : i + 1], audio[i : i + 1]), event))
-                hand_out(job)
-        still_running = {id(job) for job in running} if entering else set()
-        for job in entering:
-            if id(job) in still_running and job.decoder is not None and job.bank_phase == ENTER:  # (not ended since)
-                self._enter(job)
+            if self.stream is not None:
+                event = torch.cuda.Event()
+                event.record(self.stream)
+        members = [(job, row, job.slab_first) for row, job in self.members.items()]
+        for job, _, _ in members:
+            job.slab_first += t
+        self._ticks.append(_Tick(event, host, members))
+        self.pushes += 1
+        self.rows_pushed += len(members)
+        self.most_rows = max(self.most_rows, len(members))
 
-    def drop_idle(self) -> None:
-        """Forget the banks no stream uses (e.g. their graphs replay another backend)."""
-        for c in [c for c, jobs in self.members.items() if not jobs]:
-            del self.banks[c], self.members[c]
+    def _buffer(self, width: int) -> torch.Tensor:
+        """The next pinned host buffer of the ring (rows x width)."""
+        i = self.pushes % RING
+        if i >= len(self._ring) or self._ring[i].shape[1] != width:
+            buffer = torch.empty(self.slots.count, width, pin_memory=self.stream is not None)
+            if i < len(self._ring):
+                self._ring[i] = buffer
+            else:
+                self._ring.append(buffer)
+        return self._ring[i]
 
+    def collect_one(self, wait: bool) -> list[tuple[object, AudioChunk | None, bool]] | None:
+        """The oldest tick's results once its copy has arrived (``wait``: waiting for it): per member still in its
+        row, ``(job, chunk due or None, drained)``; None when no copy has arrived."""
+        if not self._ticks:
+            return None
+        tick = self._ticks[0]
+        if tick.event is not None and not tick.event.query():
+            if not wait:
+                return None
+            tick.event.synchronize()
+        self._ticks.popleft()
+        slab, t = self.slab, self.frames
+        audio_width = t * slab.hop
+        out = []
+        for job, row, first in tick.members:
+            if self.members.get(row) is not job:
+                continue  # cancelled since
+            values = tick.host[row]
+            end = int(values[-1])
+            start, stop, position = slab.samples(first, end)
+            audio = values[start - position : stop - position].clone()
+            lo = max(first, 0)
+            hi = max(min(first + t, end), lo)
+            codes = values[audio_width : audio_width + N_CODEBOOKS * t].view(N_CODEBOOKS, t)
+            codes = codes[:, lo - first : hi - first].long()
+            drained = slab.drained(first + t, end)
+            out.append((job, job.slab.add(audio, codes, drained), drained))
+            if drained:
+                self.drop(job)
+        return out
 
-def _on(side) -> contextlib.AbstractContextManager:
-    return torch.cuda.stream(side) if side is not None else contextlib.nullcontext()
+    def expects_first_audio(self) -> bool:
+        """Whether the oldest tick on its way holds a stream's first audio (a stream alone waits for it)."""
+        if not self._ticks:
+            return False
+        return any(
+            not job.slab.audible and first + self.frames >= self.lookahead for job, _, first in self._ticks[0].members
+        )

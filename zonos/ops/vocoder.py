@@ -44,6 +44,14 @@ def _sequence(history: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
     return torch.cat([history, x], dim=-1)
 
 
+def _valid_samples(valid: torch.Tensor, n: int) -> torch.Tensor:
+    """(B, n) bool: sample ``i`` of row ``b`` lies in ``[valid[b, 0], valid[b, 1])``."""
+    if valid.dim() != 2 or valid.shape[1] != 2 or valid.dtype != torch.int64:
+        raise ValueError(f"valid must be (B, 2) int64 sample ranges; got {tuple(valid.shape)} {valid.dtype}")
+    i = torch.arange(n, device=valid.device)
+    return (i >= valid[:, :1]) & (i < valid[:, 1:])
+
+
 def conv1d(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -136,6 +144,7 @@ def sequence_tail(
     unfold: tuple[int, ...] | None = None,
     raw: tuple[torch.Tensor, int, torch.Tensor] | None = None,
     scratch: Scratch | None = None,
+    valid: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The last ``length`` samples of ``[history | x]`` in ``history``'s dtype, with ``snake(x, alpha)`` in place
     of ``x`` when ``alpha`` is given: a stream layer's next history, or its next input window (the kept history,
@@ -150,9 +159,15 @@ def sequence_tail(
 
     ``raw=(history2, length2, out2)`` also writes the last ``length2`` samples of ``[history2 | x]``, with ``x``
     as given (no Snake), into ``out2`` under the same rules as ``out``: a residual unit's raw inputs, kept beside
-    its first conv's window, so that a fast path reads ``x`` once for both."""
+    its first conv's window, so that a fast path reads ``x`` once for both.
+
+    ``valid`` (B, 2) int64: per row, the range ``[lo, hi)`` of ``x``'s samples that hold signal; the others are read
+    as zeros (the zero padding before a stream's start and after its end, in rows of a
+    :class:`~zonos.codec.slab.VocoderSlab` whose pushes span them)."""
     if unfold is not None:
         check_unfold(unfold)
+    if valid is not None:
+        x = torch.where(_valid_samples(valid, x.shape[-1])[:, None, :], x, x.new_zeros(()))
     if raw is not None:
         raw_history, raw_length, raw_out = raw
         sequence_tail(raw_history, x, raw_length, out=raw_out)

@@ -96,7 +96,7 @@ class ServerSettings:
     max_upload_bytes: int = 16 * 2**20
     rate_limit: float | None = 120.0
     slots: int | None = 8
-    vocoder_batching: bool = False
+    vocoder_batching: bool = True
     queue_size: int = 64
     max_seqlen: int | None = None
     max_new_tokens: int = 86 * 30

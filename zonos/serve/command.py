@@ -36,8 +36,9 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--slots", type=int, default=8, help="requests decoded together (engine slots)")
     p.add_argument(
         "--vocoder-batching",
-        action="store_true",
-        help="push the steady audio chunks of concurrent streams through one batched vocoder call (same audio)",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="decode the frames of all concurrent streams together, as rows of one vocoder slab (the same audio)",
     )
     p.add_argument("--queue-size", type=int, default=64, help="requests that may wait for a slot before 503s")
     p.add_argument("--max-seqlen", type=int, default=None, help="positions per slot (default: the model's, 4096)")

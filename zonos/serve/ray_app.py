@@ -121,7 +121,7 @@ def app_builder(args: dict[str, str]):
         api_key=args.get("api_key"),
         voices_dir=Path(args["voices_dir"]) if "voices_dir" in args else None,
         slots=int(args.get("slots", 8)),
-        vocoder_batching=args.get("vocoder_batching", "0") not in ("0", "false", "False", ""),
+        vocoder_batching=args.get("vocoder_batching", "1") not in ("0", "false", "False", ""),
         queue_size=int(args.get("queue_size", 64)),
         rate_limit=float(args.get("rate_limit", 0)) or None,
         model_name=args.get("model", "Zyphra/Zonos-v0.1-hybrid"),

@@ -429,18 +429,19 @@ def _scatter_taps(cols, s_cr, c64, p, ok, v, first, step, n_cols, K: tl.constexp
 
 @triton.jit
 def _tail_kernel(
-    h_ptr, x_ptr, alpha_ptr, out_ptr, rh_ptr, rout_ptr, cols_ptr, C, H, n, length, H_r, length_r, s_a,
+    h_ptr, x_ptr, alpha_ptr, out_ptr, rh_ptr, rout_ptr, cols_ptr, valid_ptr, C, H, n, length, H_r, length_r, s_a,
     n_cols, first, step, s_hb, s_hc, s_ht, s_xb, s_xc, s_xt, s_ob, s_oc, s_ot, s_rhb, s_rhc, s_rht, s_rob, s_roc,
-    s_rot, s_cb, s_cr,
+    s_rot, s_cb, s_cr, s_vb,
     BLOCK_C: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_X: tl.constexpr, SNAKE: tl.constexpr, RAW: tl.constexpr,
-    K: tl.constexpr, KP: tl.constexpr, UNFOLD: tl.constexpr, CHANNELS_LAST: tl.constexpr,
+    K: tl.constexpr, KP: tl.constexpr, UNFOLD: tl.constexpr, CHANNELS_LAST: tl.constexpr, VALID: tl.constexpr,
 ):  # fmt: skip
     """The last ``length`` samples of ``[history | x]`` (Snake's outputs for x with ``SNAKE``); with ``RAW`` also
     the last ``length_r`` of ``[raw history | x]`` (x as it is), which take the same samples of x (the wrapper
     checks it); with ``UNFOLD`` also the window unfolded for the conv that reads it next (``_unfold``'s rows
     ``c KP + k``: window samples ``first + k step + t``, ``t < n_cols``), each window sample stored into every
     column that reads it as it is stored into the window: no program reads what another writes; with
-    ``CHANNELS_LAST`` instead a ``[length, C]`` copy of the window for a tap-major conv (row ``t`` at ``s_cr t``)."""
+    ``CHANNELS_LAST`` instead a ``[length, C]`` copy of the window for a tap-major conv (row ``t`` at ``s_cr t``);
+    with ``VALID`` the samples of x outside row b's ``[valid[b, 0], valid[b, 1])`` are read as zeros."""
     c = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
     b = tl.program_id(2).to(tl.int64)
     c_ok = (c < C)[:, None]
@@ -451,7 +452,12 @@ def _tail_kernel(
     # Blocks of x's kept samples, counted from the end: block 0 holds the last BLOCK_X of them.
     j = n_x - (tl.program_id(1) + 1) * BLOCK_X + tl.arange(0, BLOCK_X)
     x_ok = c_ok & ((j >= 0) & (j < n_x))[None, :]
-    v_in = tl.load(x_ptr + b * s_xb + c64 * s_xc + (n - n_x + j)[None, :] * s_xt, mask=x_ok, other=0.0)
+    x_in = x_ok
+    if VALID:
+        lo = tl.load(valid_ptr + b * s_vb)
+        hi = tl.load(valid_ptr + b * s_vb + 1)
+        x_in = x_ok & ((n - n_x + j >= lo) & (n - n_x + j < hi))[None, :]
+    v_in = tl.load(x_ptr + b * s_xb + c64 * s_xc + (n - n_x + j)[None, :] * s_xt, mask=x_in, other=0.0)
     v = v_in.to(tl.float32)
     if SNAKE:
         v = snake_fp32(v, tl.load(alpha_ptr + c * s_a, mask=c < C, other=1.0).to(tl.float32)[:, None])
@@ -956,6 +962,7 @@ def sequence_tail(
     unfold: tuple[int, ...] | None = None,
     raw: tuple[torch.Tensor, int, torch.Tensor] | None = None,
     scratch: Scratch | None = None,
+    valid: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Same contract as :func:`zonos.ops.vocoder.sequence_tail` (Snake bit for bit as :mod:`.snake` computes it);
     ``out`` may be the leading samples of ``history``'s buffer (a stream layer's window updated in place).  With
@@ -967,7 +974,11 @@ def sequence_tail(
     if unfold is not None:
         reference.check_unfold(unfold)
     if history.dtype == torch.float64:
-        return reference.sequence_tail(history, x, length, out=out, alpha=alpha, raw=raw)
+        return reference.sequence_tail(history, x, length, out=out, alpha=alpha, raw=raw, valid=valid)
+    if valid is not None and (
+        valid.shape != (x.shape[0], 2) or valid.dtype != torch.int64 or valid.device != x.device or valid.stride(1) != 1
+    ):
+        raise ValueError(f"valid must be ({x.shape[0]}, 2) int64 on {x.device}; got {tuple(valid.shape)} {valid.dtype}")
     out = _tail_out(history, x, length, out)
     batch, channels, H = history.shape
     n = x.shape[-1]
@@ -977,7 +988,7 @@ def sequence_tail(
         raw_history, raw_length, raw_out = raw
         raw_out = _tail_out(raw_history, x, raw_length, raw_out)
         if out.numel() == 0 or raw_out.numel() == 0 or min(raw_length, n) != min(length, n):
-            sequence_tail(raw_history, x, raw_length, out=raw_out, scratch=scratch)
+            sequence_tail(raw_history, x, raw_length, out=raw_out, scratch=scratch, valid=valid)
             raw = None
     if out.numel() == 0:
         return out
@@ -1011,11 +1022,11 @@ def sequence_tail(
     block_c = max(1, min(triton.next_power_of_2(channels), stores // block_x))
     grid = (triton.cdiv(channels, block_c), max(1, triton.cdiv(length - n_h, block_x)), batch)
     _tail_kernel[grid](
-        history, x, a, out, raw_history, raw_out, cols, channels, H, n, length, H_r, raw_length, s_a,
-        n_cols, first, step, *history.stride(), *x.stride(), *out.stride(), *raw_history.stride(),
-        *raw_out.stride(), cols.stride(0), cols.stride(1),
+        history, x, a, out, raw_history, raw_out, cols, x if valid is None else valid, channels, H, n, length, H_r,
+        raw_length, s_a, n_cols, first, step, *history.stride(), *x.stride(), *out.stride(), *raw_history.stride(),
+        *raw_out.stride(), cols.stride(0), cols.stride(1), 0 if valid is None else valid.stride(0),
         BLOCK_C=block_c, BLOCK_H=block_h, BLOCK_X=block_x, SNAKE=alpha is not None, RAW=raw is not None,
-        K=k, KP=kp, UNFOLD=layout is not None, CHANNELS_LAST=channels_last, num_warps=warps,
+        K=k, KP=kp, UNFOLD=layout is not None, CHANNELS_LAST=channels_last, VALID=valid is not None, num_warps=warps,
         enable_fp_fusion=False,  # Snake rounded as torch rounds it
     )  # fmt: skip
     if channels_last:

@@ -99,13 +99,21 @@ def _click(driver, elem_id: str) -> None:
     driver.find_element("css selector", f"#{elem_id}").click()
 
 
+def _generate(driver) -> None:
+    """Click Generate and wait until the page has started this click's request: until then the stats are the
+    previous request's (its 'done' state and counts), which a wait for this one's end would read as its own."""
+    before = _stats(driver)["requests"]
+    _click(driver, "zonos-generate")
+    _wait(driver, f"return window.zonosPlayer.stats.requests > {before}", 5)
+
+
 def test_generate_plays_audio_before_generation_ends(page, tmp_path):
     viewport = page.execute_script("return [window.innerWidth, window.innerHeight]")
     for elem in ("zonos-generate", "zonos-stop", "zonos-status"):
         bottom = page.execute_script(f"return document.getElementById('{elem}').getBoundingClientRect().bottom")
         assert 0 < bottom <= viewport[1], f"#{elem} ends at {bottom}px, below the fold of a {viewport} viewport"
 
-    _click(page, "zonos-generate")
+    _generate(page)
     _wait(page, "return ['done', 'error', 'stopped'].includes(window.zonosPlayer.stats.state)")
     stats = _stats(page)
     page.save_screenshot(str(tmp_path / "demo.png"))
@@ -131,7 +139,7 @@ def test_generate_plays_audio_before_generation_ends(page, tmp_path):
 
 
 def test_stop_then_generate_again(page):
-    _click(page, "zonos-generate")
+    _generate(page)
     _wait(page, "return window.zonosPlayer.stats.samplesScheduled > 0")
     _click(page, "zonos-stop")
     _wait(page, "return window.zonosPlayer.stats.state === 'stopped'")
@@ -140,7 +148,7 @@ def test_stop_then_generate_again(page):
     while gi._generation_lock.locked():  # the server saw the closed stream and released the model
         assert time.monotonic() < deadline, "Stop did not end generation on the server"
         time.sleep(0.01)
-    _click(page, "zonos-generate")  # the closed stream released the model: the next request runs at once
+    _generate(page)  # the closed stream released the model: the next request runs at once
     _wait(page, "return ['done', 'error'].includes(window.zonosPlayer.stats.state)")
     stats = _stats(page)
     assert stats["state"] == "done", stats["message"]
@@ -148,11 +156,9 @@ def test_stop_then_generate_again(page):
 
 
 def test_generate_while_playing_restarts(page):
-    _click(page, "zonos-generate")
+    _generate(page)
     _wait(page, "return window.zonosPlayer.stats.samplesScheduled > 0")
-    first = _stats(page)["requests"]
-    _click(page, "zonos-generate")  # a new request replaces the playing one
-    _wait(page, f"return window.zonosPlayer.stats.requests > {first}", 5)
+    _generate(page)  # a new request replaces the playing one
     _wait(page, "return ['done', 'error'].includes(window.zonosPlayer.stats.state)")
     stats = _stats(page)
     assert stats["state"] == "done", stats["message"]
@@ -165,7 +171,7 @@ def test_uploaded_prefix_is_continued(page, tmp_path):
     page.find_element("xpath", "//button[@role='tab'][normalize-space()='Prefix']").click()
     page.find_element("css selector", "#zonos-prefix input[type=file]").send_keys(str(clip))
     _wait(page, "return !!document.querySelector('#zonos-prefix audio, #zonos-prefix .waveform-container')", 15)
-    _click(page, "zonos-generate")
+    _generate(page)
     _wait(page, "return ['done', 'error'].includes(window.zonosPlayer.stats.state)")
     stats = _stats(page)
     assert stats["state"] == "done", stats["message"]
@@ -179,7 +185,7 @@ def test_bad_input_shows_its_message(page):
     box.clear()
     box.send_keys(" ")
     time.sleep(0.3)  # Gradio reads the textbox's value on its input event
-    _click(page, "zonos-generate")
+    _generate(page)
     _wait(page, "return window.zonosPlayer.stats.state === 'error'")
     assert page.find_element("css selector", "#zonos-status").text == (
         "Error: The text is empty: type the sentence to speak."

@@ -474,8 +474,10 @@ def test_ray_serve_two_replicas_stream(model, tmp_path):
         with ThreadPoolExecutor(6) as pool:
             got = list(pool.map(fetch, jobs))
         assert len({instance for _, instance in got}) == 2
-        for (audio, _), (text, seed) in zip(got, jobs):
-            np.testing.assert_array_equal(audio, pcm16(expected(model, text=text, seed=seed)))
+        for (audio, _), (text, seed) in zip(got, jobs):  # to 1 LSB: the replica's streams share its vocoder slab
+            want = pcm16(expected(model, text=text, seed=seed))
+            assert audio.shape == want.shape
+            assert int(np.abs(audio.astype(np.int32) - want).max()) <= 1
     finally:
         serve.shutdown()
         ray.shutdown()

@@ -12,7 +12,7 @@ Without text it speaks a default sentence into sample.wav.
 
 import sys
 
-from zonos.cli import speak_main
+from zonos.cli.speak import speak_main
 
 DEFAULT_TEXT = "It would be nice to have time for testing, indeed."
 

@@ -1,11 +1,12 @@
 """The ``zonos-tts`` command line (and sample.py) end to end on a tiny local checkpoint and codec.
 
-Every subcommand runs for real on the tiny model; most tests reuse one loaded model (``cli.load_model`` is
+Every subcommand runs for real on the tiny model; most tests reuse one loaded model (``load_model`` is
 patched to hand it out and count the loads), and one test loads it from its directory as a user would.
 """
 
 from __future__ import annotations
 
+import errno
 import io
 import math
 import re
@@ -23,11 +24,14 @@ import torch
 import sample
 from tests.tiny import save_tiny_checkpoint, tiny_codec
 from zonos import cli
-from zonos.conditioning import make_cond_dict
+from zonos.cli import bench, speak, voice
+from zonos.cli.common import DEFAULT_SPEAKER_MODEL, load_model
 from zonos.conditioning.segments import split_text
 from zonos.errors import ZonosInputError
+from zonos.longform import prefix_lengths, speak_segments
 from zonos.speaker import SpeakerEmbedding, SpeakerNetConfig
 from zonos.speaker.network import ResNetSimAMASP
+from zonos.speaker.voices import VOICE_FORMAT
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXT = "Testing one, two."
@@ -61,8 +65,8 @@ def common(dirs):
 @pytest.fixture(scope="module")
 def loaded(common):
     """The tiny model, loaded once through the CLI's own loader."""
-    args = cli._speak_parser("t", "x.wav").parse_args(["x", *common])
-    return cli.load_model(args, torch.device("cpu"))
+    args = speak.build_parser("t", "x.wav").parse_args(["x", *common])
+    return load_model(args, torch.device("cpu"))
 
 
 @pytest.fixture
@@ -74,7 +78,8 @@ def loads(monkeypatch, loaded):
         calls.append(args.model)
         return loaded
 
-    monkeypatch.setattr(cli, "load_model", load)
+    for module in (speak, bench):
+        monkeypatch.setattr(module, "load_model", load)
     return calls
 
 
@@ -85,7 +90,8 @@ def no_load(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("a model was loaded for bad input")
 
-    monkeypatch.setattr(cli, "load_model", refuse)
+    for module in (speak, bench):
+        monkeypatch.setattr(module, "load_model", refuse)
     monkeypatch.setattr(SpeakerEmbedding, "from_pretrained", classmethod(refuse))
 
 
@@ -248,8 +254,7 @@ def test_text_from_a_file_and_sample_py(common, loads, tmp_path, capsys):
 LONG = "The first sentence is here. A second one follows, with a comma in it. And a third closes the text."
 
 
-def test_long_text_is_spoken_segment_by_segment(common, loads, loaded, monkeypatch, tmp_path, capsys):
-    monkeypatch.setitem(sys.modules, "zonos.longform", None)  # the per-segment fallback, even once it exists
+def test_long_text_is_one_utterance_with_every_segment_reported(common, loads, loaded, tmp_path, capsys):
     segments = split_text(LONG, 45)
     assert len(segments) == 3
     for flags in ([], ["--stream"]):
@@ -262,38 +267,41 @@ def test_long_text_is_spoken_segment_by_segment(common, loads, loaded, monkeypat
             capsys,
         )
         assert code == 0, err
-        assert "speaking 3 segments" in err and err.count("reached --max-new-tokens") == 3
-        # The same as generating each segment in turn with one seeded generator and concatenating.
-        generator = torch.Generator().manual_seed(1)
-        pieces = []
-        for text in segments:
-            prefix = loaded.prepare_conditioning(make_cond_dict(text=text, device="cpu"))
-            codes = loaded.generate(prefix, max_new_tokens=8, generator=generator, progress_bar=False)
-            pieces.append(loaded.autoencoder.decode(codes)[0, 0].numpy())
+        assert "speaking 3 segments" in err
+        for k in (1, 2, 3):  # the tiny model never ends by itself: each segment stops at the flag
+            assert f"warning: segment {k} of 3 reached --max-new-tokens (8 frames, 0.1 s)" in err
+        # The same as zonos.longform speaking the segments with the seeded generator.
+        codes = speak_segments(
+            loaded, segments, cond={"language": "en-us", "device": "cpu"}, max_new_tokens=8, progress_bar=False,
+            generator=torch.Generator().manual_seed(1),
+        )  # fmt: skip
+        expected = loaded.autoencoder.decode(codes)[0, 0].numpy()
         audio = read(out)[0]
-        expected = np.concatenate(pieces)
-        assert audio.size == expected.size and np.abs(audio - expected).max() < 1e-4
+        assert codes.shape[-1] == 24 and audio.size == expected.size and np.abs(audio - expected).max() < 1e-4
 
 
-def test_long_text_goes_to_longform_speak_segments_when_it_exists(common, loads, loaded, monkeypatch, tmp_path, capsys):
-    seen = []
-
-    def speak_segments(model, segments, cond, stream, **generate_kwargs):
-        seen.append((model, segments, cond, stream, generate_kwargs))
-        prefix = model.prepare_conditioning(make_cond_dict(text=" ".join(segments), **cond))
-        return model.generate(prefix, stream=stream, **generate_kwargs)
-
-    monkeypatch.setitem(sys.modules, "zonos.longform", types.SimpleNamespace(speak_segments=speak_segments))
-    for flags in ([], ["--stream", "--chunk-frames", "4"]):
-        out = tmp_path / f"api{len(flags)}.wav"
-        code, _, err = run(["speak", LONG, *common, "--max-segment-chars", "45", "--out", str(out), *flags], capsys)
-        assert code == 0, err
-        model, segments, cond, stream, kwargs = seen[-1]
-        assert model is loaded and segments == split_text(LONG, 45) and stream == bool(flags)
-        assert cond["language"] == "en-us" and cond["speaker"] is None
-        assert kwargs["max_new_tokens"] == FRAMES and kwargs["cfg_scale"] == 2.0
-        assert kwargs.get("chunk_frames") == (4 if flags else None)
-        assert read(out)[0].size == FRAMES * 512
+def test_long_text_fits_the_sequence_with_default_flags(dirs, loads, loaded, tmp_path, capsys):
+    # A short sequence, so each segment's 2580 frames (--max-new-tokens' default) would fill it: every segment
+    # gets what the positions leave it beside the previous segment's audio, and says so.
+    model_dir, codec_dir = dirs
+    segments = split_text(LONG, 45)
+    seqlen = loaded.engine.max_seqlen
+    loaded.start_engine(max_seqlen=200)
+    try:
+        lengths = prefix_lengths(loaded, segments)
+        out = tmp_path / "long.wav"
+        argv = ["speak", LONG, "--model", str(model_dir), "--codec", str(codec_dir), "--device", "cpu", "--seed", "1"]
+        code, _, err = run([*argv, "--no-progress", "--max-segment-chars", "45", "--stream", "--out", str(out)], capsys)
+    finally:
+        loaded.start_engine(max_seqlen=seqlen)
+    assert code == 0, err
+    budgets, previous = [], 0
+    for k, length in enumerate(lengths):
+        room = 200 - 9 - length - previous
+        previous = min(room, (200 - 9 - lengths[k + 1]) // 2) if k + 1 < len(lengths) else room
+        budgets.append(previous)
+        assert f"segment {k + 1} of 3 reached the most frames the model's positions leave it ({previous} frames" in err
+    assert read(out)[0].size == 512 * sum(budgets) and all(b > 20 for b in budgets)
 
 
 def test_a_failure_leaves_no_partial_file(common, loads, loaded, monkeypatch, tmp_path, capsys):
@@ -327,6 +335,51 @@ def test_a_failure_leaves_no_partial_file(common, loads, loaded, monkeypatch, tm
     assert out.read_bytes() == b"the previous take" and [p.name for p in tmp_path.iterdir()] == ["out.wav"]
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_full_disk_is_one_line_and_leaves_no_file(common, loads, monkeypatch, tmp_path, capsys, stream):
+    def full(self, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(sf.SoundFile, "write", full)
+    out = tmp_path / "out.wav"
+    code, _, err = run(["speak", TEXT, *common, "--out", str(out), *(["--stream"] if stream else [])], capsys)
+    assert code == 1
+    assert [line for line in err.splitlines() if not line.startswith(("warning", "time to"))] == [
+        f"error: cannot write {out}: no space left on the device; free some space, or write the audio elsewhere (--out)"
+    ]
+    assert list(tmp_path.iterdir()) == []  # the temporary file went too
+
+
+def test_a_full_standard_output_is_one_line(common, loads, monkeypatch, capsys):
+    class Full(io.RawIOBase):
+        def writable(self):
+            return True
+
+        def write(self, data):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(io.BufferedWriter(Full())))
+    code = cli.main(["speak", TEXT, *common, "--out", "-"])
+    err = capsys.readouterr().err.splitlines()
+    assert code == 1 and err[-1].startswith("error: cannot write standard output: no space left on the device")
+    assert not any("Traceback" in line for line in err)
+
+
+def test_a_reader_that_closes_the_pipe_early_ends_in_one_line(common):
+    # 300 frames of 16-bit audio are 300 KiB, more than a pipe holds: the writer is still writing when the reader
+    # goes, as with `zonos-tts speak ... --out - | head -c 10`.
+    argv = [*common, "--max-new-tokens", "300", "--stream", "--chunk-frames", "1", "--out", "-"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "zonos", "speak", TEXT, *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT
+    )
+    assert proc.stdout.read(10)[:4] == b"RIFF"
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 1
+    assert err.strip().splitlines()[-1].startswith("error: standard output was closed by its reader before the audio")
+    assert "Traceback" not in err and "Exception ignored" not in err
+
+
 def test_a_corrupt_checkpoint_is_one_line_naming_the_file(dirs, tmp_path, capsys):
     """A truncated model.safetensors (an interrupted download), loaded for real: one line that names the file and
     says to download it again, status 2."""
@@ -349,11 +402,11 @@ def test_voice_file_round_trip(common, loads, speaker_model, clip, tmp_path, mon
     code, _, err = run(["voice", str(clip), "--device", "cpu"], capsys)
     assert code == 0, err
     record = torch.load(tmp_path / "voice.pt", weights_only=True)  # default name: the clip's, with .pt
-    assert record["format"] == cli.VOICE_FORMAT and record["clip"] == "voice.wav"
+    assert record["format"] == VOICE_FORMAT and record["clip"] == "voice.wav"
     from zonos.audio import load_audio
 
     assert torch.equal(record["embedding"], tiny_speaker.embed(*load_audio(clip)))
-    assert speaker_model == [cli.DEFAULT_SPEAKER_MODEL]
+    assert speaker_model == [DEFAULT_SPEAKER_MODEL]
 
     outs = {}
     for name, flags in (("voice", ["--voice", "voice.pt"]), ("clip", ["--speaker-audio", str(clip)]), ("none", [])):
@@ -404,7 +457,7 @@ def files(tmp_path_factory, clip):
     (d / "junk.pt").write_bytes(b"\x00not a torch file")
     torch.save({"embedding": torch.zeros(128)}, d / "nomarker.pt")
     torch.save(torch.randn(64), d / "short.pt")
-    torch.save({"format": cli.VOICE_FORMAT, "version": 1, "embedding": torch.full((128,), float("nan"))}, d / "nan.pt")
+    torch.save({"format": VOICE_FORMAT, "version": 1, "embedding": torch.full((128,), float("nan"))}, d / "nan.pt")
     sf.write(d / "tiny.wav", np.zeros(800, dtype=np.float32), 16000)
     sf.write(d / "1hz.wav", np.full(2000, 0.1, dtype=np.float32), 1)  # 4 KB whose header claims 1 Hz
     (d / "notaudio.wav").write_bytes(b"\x00" * 100)
@@ -514,6 +567,9 @@ def test_stdout_that_is_a_terminal_is_refused(no_load, monkeypatch, capsys):
     monkeypatch.setattr(sys, "stdout", Terminal())
     assert cli.main(["speak", TEXT, "--out", "-"]) == 2
     assert "standard output is a terminal" in one_line_error(capsys.readouterr().err)
+    monkeypatch.setattr(sys, "stdout", None)  # started with stdout closed (>&-)
+    assert cli.main(["speak", TEXT, "--out", "-"]) == 2
+    assert "there is no standard output (it is closed)" in one_line_error(capsys.readouterr().err)
 
 
 def test_cuda_without_cuda_is_refused(no_load, monkeypatch, capsys):
@@ -526,7 +582,7 @@ def test_help_on_every_command_and_flag(capsys):
     for command in ("speak", "voice", "bench"):
         code, data, _ = run([command, "--help"], capsys)
         assert code == 0
-        parser = {"speak": cli._speak_parser, "voice": cli._voice_parser, "bench": cli._bench_parser}[command]
+        parser = {"speak": speak.build_parser, "voice": voice.build_parser, "bench": bench.build_parser}[command]
         parser = parser("p", "x.wav") if command == "speak" else parser("p")
         for action in parser._actions:
             assert action.help, f"{command} {action.option_strings or action.dest} has no help"

@@ -22,8 +22,10 @@ sf = pytest.importorskip("soundfile")
 from tests.test_cli import TINY_SPEAKER, one_line_error, run  # noqa: E402
 from tests.test_fuzz import CASE_SECONDS, INF, NAN, pick, run_case, time_limit  # noqa: E402
 from tests.tiny import save_tiny_checkpoint, tiny_codec, tiny_model  # noqa: E402
-from zonos import cli  # noqa: E402
+from zonos.cli import speak  # noqa: E402
+from zonos.cli.common import load_model  # noqa: E402
 from zonos.speaker import SpeakerEmbedding  # noqa: E402
+from zonos.speaker.voices import VOICE_FORMAT, save_voice  # noqa: E402
 
 FRAMES = 6
 
@@ -61,9 +63,9 @@ def clips(tmp_path_factory) -> dict[str, Path]:
         "garbage.wav": lambda p: p.write_bytes(b"not audio at all" * 64),
         "long.flac": _write_long_flac,  # 20 minutes in a few KB (a decode bomb)
         "empty.wav": lambda p: p.write_bytes(b""),
-        "good.pt": lambda p: cli.save_voice(p, torch.randn(128) * 0.1),
+        "good.pt": lambda p: save_voice(p, torch.randn(128) * 0.1),
         "nan.pt": lambda p: torch.save(
-            {"format": cli.VOICE_FORMAT, "version": 1, "embedding": torch.full((128,), NAN)}, p
+            {"format": VOICE_FORMAT, "version": 1, "embedding": torch.full((128,), NAN)}, p
         ),  # fmt: skip
         "junk.pt": lambda p: p.write_bytes(b"\x00not a torch file"),
     }
@@ -82,8 +84,8 @@ def cli_model(tmp_path_factory):
     save_tiny_checkpoint(root / "model", "transformer")
     tiny_codec().save_pretrained(root / "codec")
     common = ["--model", str(root / "model"), "--codec", str(root / "codec"), "--device", "cpu", "--no-progress"]
-    args = cli._speak_parser("t", "x.wav").parse_args(["x", *common])
-    return cli.load_model(args, torch.device("cpu")), common
+    args = speak.build_parser("t", "x.wav").parse_args(["x", *common])
+    return load_model(args, torch.device("cpu")), common
 
 
 def _flag_values(clips: dict[str, Path]) -> dict[str, list]:
@@ -130,7 +132,7 @@ TEXTS = ["Testing one, two.", "It is 3:15 on the 21st.", "1" * 40, "1,2,3,4,5,6,
 def test_fuzz_command_line(cli_model, clips, tmp_path, monkeypatch, capsys):
     """Random ``speak`` argument lists: exit 0 with a readable, non-silent file, or exit 2 with one line."""
     model, common = cli_model
-    monkeypatch.setattr(cli, "load_model", lambda args, device: model)
+    monkeypatch.setattr(speak, "load_model", lambda args, device: model)
     speaker = _tiny_speaker()
     monkeypatch.setattr(SpeakerEmbedding, "from_pretrained", classmethod(lambda cls, *a, **k: speaker))
     values = _flag_values(clips)

@@ -7,7 +7,7 @@ import torch
 from tests.tiny import tiny_model
 from zonos.conditioning import make_cond_dict
 from zonos.errors import ZonosInputError
-from zonos.longform import speak_segments
+from zonos.longform import longform_budget, prefix_lengths, segment_budget, speak_segments
 
 SEGMENTS = ["The first sentence is short.", "Then comes a second one.", "And a third to end it."]
 
@@ -70,3 +70,52 @@ def test_bad_segments(model):
             speak_segments(model, ["Hi."], cond={"language": "xx"}, stream=stream)
     with pytest.raises(ZonosInputError, match="audio_prefix_codes"):
         speak_segments(model, SEGMENTS, audio_prefix_codes=None)
+
+
+def test_prefix_lengths_are_those_of_the_segments_requests(model):
+    texts = [SEGMENTS[0], f"{SEGMENTS[0]} {SEGMENTS[1]}", f"{SEGMENTS[1]} {SEGMENTS[2]}"]
+    actual = [model.prepare_conditioning(make_cond_dict(text=t, language="en-us")).shape[1] for t in texts]
+    assert prefix_lengths(model, SEGMENTS, "EN-us") == actual and actual[1] > actual[0]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_each_segment_gets_a_budget_that_fits_beside_the_previous_audio(model, stream):
+    # max_new_tokens 140 fits segment 1 alone in the 192 positions, but then segment 2 (its prefix, 140 frames of
+    # audio prefix and its own) would not: each segment is capped to leave the next half of what its prefix leaves.
+    seen = []
+    kwargs = dict(_kwargs(2), max_new_tokens=140, on_segment=lambda *a: seen.append(a))
+    result = speak_segments(model, SEGMENTS, stream=stream, **kwargs)
+    codes = torch.cat([c.codes for c in result], -1) if stream else result
+    p = prefix_lengths(model, SEGMENTS)
+    s, d = model.engine.max_seqlen, 9
+    budgets = [min(140, s - d - p[0], (s - d - p[1]) // 2)]
+    budgets.append(min(140, s - d - p[1] - budgets[0], (s - d - p[2]) // 2))
+    budgets.append(min(140, s - d - p[2] - budgets[1]))
+    # The tiny model does not end by itself: every segment takes its whole budget, and is reported as such.
+    assert seen == [(k, b, b) for k, b in enumerate(budgets)] and all(0 < b < 140 for b in budgets)
+    assert codes.shape == (1, 9, sum(budgets))
+    assert all(p[k] + budgets[k - 1] + budgets[k] + d <= s for k in (1, 2))  # every request fit its slot
+    assert budgets[0] >= longform_budget(model, SEGMENTS, max_new_tokens=140) >= 1
+
+
+def test_budget_errors_count_the_previous_segments_audio(model):
+    assert segment_budget(192, 60, 100) == 192 - 9 - 60 - 100
+    assert segment_budget(192, 60, 0, 80, max_new_tokens=30) == 30
+    with pytest.raises(ZonosInputError, match=r"segment 2 of 3 .* prefix takes 60 positions, the previous segment's "):
+        segment_budget(192, 60, 130, segment="segment 2 of 3")
+    with pytest.raises(ZonosInputError, match="previous segment's audio 123 and the delay pattern 9"):
+        segment_budget(192, 60, 123)
+
+
+def test_segments_that_leave_no_room_are_refused_before_any_work(model, monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("generation ran for a text that cannot fit")
+
+    monkeypatch.setattr(model, "submit", refuse)
+    monkeypatch.setattr(model, "prepare_conditioning", refuse)
+    long = "This segment goes on and on, with many more words than the tiny model's positions can hold. " * 2
+    for stream in (False, True):
+        with pytest.raises(ZonosInputError, match=r"segment 2 of 2: its text and the previous segment's take \d+ of"):
+            speak_segments(model, [SEGMENTS[0], long], stream=stream)
+    with pytest.raises(ZonosInputError, match="on_segment must be a function"):
+        speak_segments(model, SEGMENTS, on_segment="print")

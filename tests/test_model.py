@@ -1,6 +1,8 @@
 """End to end on tiny random checkpoints: save → from_local → make_cond_dict → prepare_conditioning →
 generate → autoencoder.decode, plus the decode loop's EOS bookkeeping and bad-input errors."""
 
+import warnings
+
 import pytest
 import torch
 
@@ -57,6 +59,48 @@ def test_batch_and_guidance_variants(tiny):
         prefix, max_new_tokens=12, cfg_scale=1.0, progress_bar=False, sampling_params={"temperature": 0}
     )
     assert torch.equal(greedy, again)
+
+
+def test_guidance_off_keeps_every_batch_row_conditional(tiny):
+    # prepare_conditioning's (2, L, d) cond || uncond prefix with cfg_scale 1 and batch 2: both clips come from the
+    # cond row (the speaker), as a solo run does; greedy sampling, so the two rows' different seeds do not matter.
+    speaker = torch.randn(128, generator=torch.Generator().manual_seed(4))
+    prefix = tiny.prepare_conditioning(make_cond_dict(text="Hello, world!", speaker=speaker, device="cpu"))
+    kwargs = dict(max_new_tokens=12, cfg_scale=1.0, progress_bar=False, sampling_params={"temperature": 0})
+    batch = tiny.generate(prefix, batch_size=2, **kwargs)
+    solo = tiny.generate(prefix, **kwargs)
+    uncond = tiny.generate(prefix[1:], **kwargs)
+    assert not torch.equal(uncond[0], solo[0])  # the rows differ, so the check below can fail
+    assert torch.equal(batch[0], solo[0]) and torch.equal(batch[1], solo[0])
+    # Two cond rows, then two uncond rows: each sequence its own cond row, also with guidance off.
+    pair = torch.cat([prefix[:1], prefix[1:], prefix[1:], prefix[:1]])
+    rows = tiny.generate(pair, batch_size=2, **kwargs)
+    assert torch.equal(rows[0], solo[0]) and torch.equal(rows[1], uncond[0])
+
+
+@pytest.mark.parametrize("batch_size", [1, 2])
+def test_a_stream_stopped_at_once_yields_batch_shaped_chunks(tiny, batch_size):
+    for callback in (lambda *a: False, lambda *a: None):
+        chunks = list(
+            tiny.generate(
+                _prefix(tiny), stream=True, batch_size=batch_size, max_new_tokens=8, progress_bar=False,
+                callback=callback,
+            )
+        )  # fmt: skip
+        assert chunks and chunks[-1].final
+        for chunk in chunks:
+            assert chunk.audio.shape[:2] == (batch_size, 1) and chunk.codes.shape[:2] == (batch_size, 9)
+            assert chunk.audio.shape[-1] == 512 * chunk.codes.shape[-1]
+            assert chunk.audio[batch_size - 1, 0].shape == (chunk.audio.shape[-1],)
+
+
+def test_submit_of_a_prefix_built_with_grad_warns_nothing(tiny):
+    prefix = _prefix(tiny).detach().requires_grad_(True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        codes = tiny.submit(prefix, max_new_tokens=4, generator=torch.Generator().manual_seed(0)).result()
+    assert codes.shape[:2] == (1, 9) and codes.shape[-1] > 0
+    assert [str(w.message) for w in caught] == []
 
 
 def test_audio_prefix_is_continued(tiny):

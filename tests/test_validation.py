@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -116,6 +117,23 @@ def test_generate_args_valid_and_normalised():
     _check(batch_size=2, prefix=torch.randn(4, 5, D))  # cond rows then uncond rows
     _check(cfg_scale=1.0, prefix=torch.randn(2, 5, D))  # a cond || uncond pair with guidance off
     _check(generator=torch.Generator().manual_seed(0))
+
+
+def test_generate_args_of_a_prefix_with_grad_warn_nothing():
+    prefix = torch.randn(2, 5, D, requires_grad=True) * 2  # a non-leaf, as prepare_conditioning builds it with grad
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # torch's "Converting a tensor with requires_grad=True to a scalar" fails it
+        assert _check(prefix=prefix) == (10, 2.0, 1)
+    with pytest.raises(ZonosInputError, match="NaN or infinite"):
+        _check(prefix=torch.full((2, 5, D), float("inf"), requires_grad=True))
+
+
+def test_guidance_off_takes_prepare_conditionings_rows_for_any_batch():
+    for batch in (2, 3):
+        _check(cfg_scale=1.0, batch_size=batch, prefix=torch.randn(2 * batch, 5, D))  # cond rows, then uncond
+        _check(cfg_scale=1.0, batch_size=batch, prefix=torch.randn(batch, 5, D))  # the cond rows alone
+    with pytest.raises(ZonosInputError, match=r"must be 2 .* or 6 .* the cond rows alone \(1 or 3\)"):
+        _check(cfg_scale=1.0, batch_size=3, prefix=torch.randn(4, 5, D))
 
 
 @pytest.mark.parametrize(

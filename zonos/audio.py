@@ -1,5 +1,5 @@
-"""Audio helpers: band-limited resampling in plain torch, input checks for waveforms, and file I/O through
-soundfile.
+"""Audio helpers: band-limited resampling in plain torch, input checks for waveforms, file I/O through
+soundfile, WAV headers for streams, and files written atomically.
 
 :func:`resample` computes what ``torchaudio.functional.resample`` computes with its defaults
 (Hann-windowed sinc interpolation, ``lowpass_filter_width=6``, ``rolloff=0.99``), so torchaudio is
@@ -13,7 +13,12 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
+import struct
+import tempfile
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
 
@@ -29,11 +34,13 @@ __all__ = [
     "MAX_PREFIX_SECONDS",
     "MAX_SAMPLE_RATE",
     "MIN_SAMPLE_RATE",
+    "atomic_path",
     "check_sample_rate",
     "check_waveform",
     "load_audio",
     "resample",
     "save_audio",
+    "wav_header",
 ]
 
 MIN_SAMPLE_RATE = 8_000  # telephone quality; lower rates (or a header claiming 1 Hz) carry no usable speech
@@ -257,3 +264,37 @@ def save_audio(path: str | Path, wav: Tensor, sr: int, subtype: str | None = Non
         # libsndfile does not clip by default, so out-of-range samples could overflow integer PCM.
         data = np.clip(data, -1.0, 1.0)
     sf.write(str(path), data, int(sr), subtype=subtype)
+
+
+def _temp_beside(path: Path) -> Path:
+    """A new empty file in ``path``'s directory (so the final rename stays on one file system)."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
+    os.close(fd)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 would make the result private
+    return Path(tmp)
+
+
+@contextmanager
+def atomic_path(path: Path) -> Iterator[Path]:
+    """A temporary path beside ``path`` that replaces it when the block succeeds and is removed otherwise, so a
+    failed or interrupted write never leaves a partial file (output audio, voice files)."""
+    tmp = _temp_beside(path)
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def wav_header(sample_rate: int, subtype: str, frames: int | None = None) -> bytes:
+    """A mono RIFF/WAVE header for PCM_16 or FLOAT samples; ``frames=None`` marks the length unknown (a stream)."""
+    tag, width = (1, 2) if subtype == "PCM_16" else (3, 4)
+    data = 0xFFFFFFFF if frames is None else frames * width
+    riff = 0xFFFFFFFF if frames is None else 36 + data
+    return struct.pack(
+        "<4sI4s4sIHHIIHH4sI",
+        *(b"RIFF", riff, b"WAVE", b"fmt ", 16, tag, 1, sample_rate, sample_rate * width, width, 8 * width),
+        *(b"data", data),
+    )

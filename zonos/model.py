@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import time
 import warnings
@@ -430,6 +431,10 @@ class Zonos(UsesOps, nn.Module):
             device=self.device,
             d_model=self.config.backbone.d_model,
         )
+        if cfg_scale == 1.0 and prefix.shape[0] in (2, 2 * batch_size):
+            # prepare_conditioning's cond ‖ uncond layout; guidance off uses the cond rows alone. Passed on whole,
+            # a (2, L, d) prefix of batch 2 would read as one cond row per sequence, the second the uncond one.
+            prefix = prefix[: prefix.shape[0] // 2]
         # (The engine checks the length against its slots' max_seqlen when the request is submitted.)
         # One seed per sequence, drawn from the caller's generator (or torch's default one): the same generator
         # state gives the same codes, whatever else the engine runs.
@@ -651,9 +656,17 @@ class Zonos(UsesOps, nn.Module):
 
 
 def _chunks(handle: RequestHandle) -> Iterator[AudioChunk]:
-    """A stream's chunks; closing the iterator (or dropping it) cancels the request."""
+    """A stream's chunks, each of audio (batch, 1, n) and codes (batch, 9, n) as :class:`AudioChunk` promises (n may
+    be 0); closing the iterator (or dropping it) cancels the request."""
+    batch = handle.request.batch_size
     try:
-        yield from handle
+        for chunk in handle:
+            if chunk.audio.shape[0] != batch:
+                # A stream stopped before its first frame (callback, EOS at once) ends with the flush of a vocoder
+                # that never saw a push, so it does not know the batch: (0, 1, 0), on which audio[0, 0] fails.
+                audio = chunk.audio.new_zeros(batch, 1, 0)
+                chunk = dataclasses.replace(chunk, audio=audio, codes=chunk.codes.new_zeros(batch, N_CODEBOOKS, 0))
+            yield chunk
     finally:
         _close(handle)
 

@@ -268,18 +268,21 @@ def check_generate_args(
         raise ZonosInputError(
             f"prefix_conditioning is on {prefix.device} but the model is on {device}: move it with .to()"
         )
-    halves = 2 if cfg_scale != 1.0 else 1
-    if prefix.shape[0] not in (halves, halves * batch_size) and not (halves == 1 and prefix.shape[0] == 2):
-        allowed = f"{halves} (shared by the batch)"
+    rows = {2, 2 * batch_size} | ({1, batch_size} if cfg_scale == 1.0 else set())
+    if prefix.shape[0] not in rows:
+        allowed = "2 (shared by the batch)"
         if batch_size > 1:
-            allowed += f" or {halves * batch_size} (cond rows, then uncond rows)"
+            allowed += f" or {2 * batch_size} (cond rows, then uncond rows)"
+        if cfg_scale == 1.0:
+            alone = "1" if batch_size == 1 else f"1 or {batch_size}"
+            allowed += f" or, guidance being off, the cond rows alone ({alone})"
         raise ZonosInputError(
             f"prefix_conditioning has batch {prefix.shape[0]}; with cfg_scale={cfg_scale} and "
             f"batch_size={batch_size} it must be {allowed}. Pass what prepare_conditioning returns (one cond "
             "and one uncond row per make_cond_dict)"
         )
     # One reduction (one wait on a CUDA prefix): amax is NaN or inf when any value is; check_finite then counts them.
-    peak = float(prefix.abs().amax()) if prefix.numel() else 0.0
+    peak = float(prefix.detach().abs().amax()) if prefix.numel() else 0.0  # a prefix built with grad too
     if not math.isfinite(peak):
         check_finite(
             "prefix_conditioning",

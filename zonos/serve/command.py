@@ -13,13 +13,13 @@ from pathlib import Path
 
 
 def _parser(prog: str) -> argparse.ArgumentParser:
-    from zonos import cli
+    from zonos.cli import common
 
-    p = cli._Parser(
+    p = common.Parser(
         prog=prog,
         description="Serve OpenAI-compatible streaming speech (POST /v1/audio/speech) and the native Zonos API over "
         "HTTP on the engine.",
-        formatter_class=cli._formatter(),
+        formatter_class=common.help_formatter(),
     )
     p.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0 exposes it to the network)")
     p.add_argument("--port", type=int, default=8000, help="TCP port")
@@ -49,36 +49,36 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument(
         "--no-warmup", action="store_true", help="on CUDA: skip compiling kernels and capturing graphs first"
     )
-    cli._add_model_args(p)
+    common.add_model_args(p)
     return p
 
 
 def serve_main(argv: Sequence[str] | None = None, prog: str = "zonos-tts serve") -> int:
     """``zonos-tts serve``: returns the exit status (2 for a bad argument)."""
-    from zonos import cli
+    from zonos.cli import common
 
     args = _parser(prog).parse_args(argv)
     try:
         for name in ("slots", "queue_size", "max_input_chars"):
             if getattr(args, name) < 1:
-                raise cli.UsageError(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+                raise common.UsageError(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
         if args.max_seqlen is not None and args.max_seqlen < 16:
-            raise cli.UsageError(f"--max-seqlen must be at least 16 (positions per slot), got {args.max_seqlen}")
+            raise common.UsageError(f"--max-seqlen must be at least 16 (positions per slot), got {args.max_seqlen}")
         if not 0 < args.port < 65536:
-            raise cli.UsageError(f"--port {args.port}: give a TCP port in 1..65535")
+            raise common.UsageError(f"--port {args.port}: give a TCP port in 1..65535")
         if not args.rate_limit >= 0:  # NaN too
-            raise cli.UsageError(f"--rate-limit must be 0 (none) or positive, got {args.rate_limit}")
-        cli._check_model_source(args.model, "--model", ("config.json", "model.safetensors"))
-        cli._check_model_source(args.codec, "--codec", ("config.json", "model.safetensors"))
-        device = cli._check_device(args.device, args)
+            raise common.UsageError(f"--rate-limit must be 0 (none) or positive, got {args.rate_limit}")
+        common.check_model_source(args.model, "--model", ("config.json", "model.safetensors"))
+        common.check_model_source(args.codec, "--codec", ("config.json", "model.safetensors"))
+        device = common.check_device(args.device, args)
         try:
             import uvicorn
 
             from zonos.serve import ServerSettings, create_app
         except ModuleNotFoundError as e:
-            raise cli.UsageError(f"the server needs {e.name}: pip install 'zonos-accel[server]'") from None
-    except cli.UsageError as e:
-        cli._error(e)
+            raise common.UsageError(f"the server needs {e.name}: pip install 'zonos-accel[server]'") from None
+    except common.UsageError as e:
+        common.error(e)
         return 2
     settings = ServerSettings(
         api_key=args.api_key or None,
@@ -98,14 +98,14 @@ def serve_main(argv: Sequence[str] | None = None, prog: str = "zonos-tts serve")
         nonlocal model
         from zonos.engine import check_memory
 
-        model = cli.load_model(args, device)
+        model = common.load_model(args, device)
         check_memory(model, args.slots, args.max_seqlen or model.max_seqlen, vocoder_batching=args.vocoder_batching)
         return 0
 
-    code = cli._run(load)
+    code = common.run_command(load)
     if code:
         return code
     app = create_app(lambda: model, settings)
-    cli._log(f"serving on http://{args.host}:{args.port} (key {'required' if settings.api_key else 'off'})")
+    common.log(f"serving on http://{args.host}:{args.port} (key {'required' if settings.api_key else 'off'})")
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return 0

@@ -1,10 +1,15 @@
-"""Audio formats of the speech server, encoded incrementally: each chunk of samples in, the bytes it adds out.
+"""Audio formats of the speech server: encoded incrementally for a stream (:class:`StreamEncoder`: each chunk of
+samples in, the bytes it adds out), or at once into one complete file (:func:`encode_file`).
 
-``pcm`` is headerless 16-bit little-endian mono; ``wav`` is the same after a RIFF header whose lengths say
-"unknown" (a stream); ``flac``, ``mp3`` and ``opus`` (Ogg Opus) come from libsndfile through ``soundfile``, written
-into an in-memory file whose new bytes are handed out after every chunk. libsndfile rewrites a few header fields
-when it closes a file (FLAC's total sample count, MP3's Info frame); in a stream those bytes have already gone
-out, so the stream keeps the "unknown length" values it began with, as streamed FLAC and constant-rate MP3 do.
+``pcm`` is headerless 16-bit little-endian mono; ``wav`` is the same after a RIFF header; ``flac``, ``mp3`` (128
+kbit/s constant rate) and ``opus`` (Ogg Opus) come from libsndfile through ``soundfile``, written into an in-memory
+file. libsndfile fills in some header fields when it closes a file (FLAC's total sample count, MP3's Info frame with
+the encoder delay and padding). A stream hands out the new bytes after every chunk, so those fields have gone out
+before they are known: a streamed wav's RIFF lengths are 0xFFFFFFFF and a streamed flac's sample count 0, both
+"unknown", and a streamed mp3's Info frame is empty. Such a stream decodes by reading until the data ends
+(``soundfile.read`` of a streamed flac fails, since it sizes its array by the header); its mp3 decodes to every
+sample plus the codec's delay and padding (under 4 frames of 1152 samples). :func:`encode_file` closes the file
+before handing it out, so its header is complete and an mp3 decodes to its exact length.
 Opus encodes at 48 kHz only, so its samples are resampled from 44.1 kHz on the way in by
 :class:`StreamingResampler`, whose output equals the one-shot :func:`zonos.audio.resample`.
 """
@@ -23,6 +28,11 @@ SAMPLE_RATE = 44_100
 OPUS_RATE = 48_000
 # response_format -> (libsndfile container, subtype), for the formats that go through soundfile.
 _SNDFILE = {"flac": ("FLAC", "PCM_16"), "mp3": ("MP3", "MPEG_LAYER_III"), "opus": ("OGG", "OPUS")}
+# MP3 at a constant 128 kbit/s. A decoder sizes a stream without its Info frame from the first frame's bit rate:
+# right at a constant rate, while variable-rate frames decoded to 72% of the samples. soundfile sets bitrate_mode
+# only together with compression_level; libsndfile maps the level linearly onto 320..32 kbit/s for a constant rate,
+# and LAME takes the nearest standard rate below (0.65 -> 132 -> 128).
+_MP3_OPTIONS = {"bitrate_mode": "CONSTANT", "compression_level": 0.65}
 MEDIA_TYPES = {
     "pcm": "audio/pcm",
     "wav": "audio/wav",
@@ -54,11 +64,12 @@ def pcm16_bytes(audio: np.ndarray) -> bytes:
     return buffer.getvalue()
 
 
-def wav_stream_header(sample_rate: int = SAMPLE_RATE) -> bytes:
-    """A mono 16-bit RIFF/WAVE header with the lengths set to "unknown" (0xFFFFFFFF), for a stream."""
-    from zonos.cli import wav_header
+def wav_pcm16_header(frames: int | None = None, sample_rate: int = SAMPLE_RATE) -> bytes:
+    """A mono 16-bit RIFF/WAVE header for ``frames`` samples; None sets the lengths to "unknown" (0xFFFFFFFF), for
+    a stream."""
+    from zonos.audio import wav_header
 
-    return wav_header(sample_rate, "PCM_16")
+    return wav_header(sample_rate, "PCM_16", frames)
 
 
 class _Tap(io.RawIOBase):
@@ -180,7 +191,7 @@ class StreamEncoder:
         if self.fmt in ("pcm", "wav"):
             head = b""
             if not self.started and self.fmt == "wav":
-                head = wav_stream_header()
+                head = wav_pcm16_header()
             self.started = True
             return head + pcm16_bytes(audio)
         self._open()
@@ -193,7 +204,7 @@ class StreamEncoder:
     def finish(self) -> bytes:
         """The stream's last bytes (the encoder's buffered frames and trailer)."""
         if self.fmt in ("pcm", "wav"):
-            return b"" if self.started or self.fmt == "pcm" else wav_stream_header()
+            return b"" if self.started or self.fmt == "pcm" else wav_pcm16_header()
         self._open()
         if self._resampler is not None:
             tail = self._resampler.flush()
@@ -205,12 +216,34 @@ class StreamEncoder:
     def _open(self) -> None:
         if self._file is not None:
             return
-        import soundfile as sf
-
-        container, subtype = _SNDFILE[self.fmt]
         self._tap = _Tap()
-        rate = OPUS_RATE if self.fmt == "opus" else SAMPLE_RATE
-        # MP3 at a constant bit rate: LAME's VBR header is written at close, and without it a decoder guesses the
-        # length of a VBR stream from its first frame's rate (20000 samples decoded as 13376 in a trial).
-        extra = {"bitrate_mode": "CONSTANT"} if self.fmt == "mp3" else {}
-        self._file = sf.SoundFile(self._tap, "w", rate, 1, subtype, format=container, **extra)
+        self._file = _sound_file(self.fmt, self._tap)
+
+
+def _sound_file(fmt: str, file) -> object:
+    """A ``soundfile.SoundFile`` writing ``fmt`` (one of flac, mp3, opus) into ``file``."""
+    import soundfile as sf
+
+    container, subtype = _SNDFILE[fmt]
+    rate = OPUS_RATE if fmt == "opus" else SAMPLE_RATE
+    return sf.SoundFile(file, "w", rate, 1, subtype, format=container, **(_MP3_OPTIONS if fmt == "mp3" else {}))
+
+
+def encode_file(fmt: str, audio: np.ndarray) -> bytes:
+    """``audio`` (float32 samples at 44.1 kHz) as one complete file of ``fmt``, its header's lengths filled in;
+    the samples are those :class:`StreamEncoder` streams."""
+    audio = np.asarray(audio, dtype=np.float32).reshape(-1)
+    if fmt not in MEDIA_TYPES:
+        raise ZonosInputError(f"response_format {fmt!r} is unknown; choose one of {', '.join(available_formats())}")
+    if fmt == "pcm":
+        return pcm16_bytes(audio)
+    if fmt == "wav":
+        return wav_pcm16_header(audio.size) + pcm16_bytes(audio)
+    if fmt == "opus":
+        resampler = StreamingResampler(SAMPLE_RATE, OPUS_RATE)
+        audio = np.concatenate([resampler.push(audio), resampler.flush()])
+    buffer = io.BytesIO()
+    with _sound_file(fmt, buffer) as f:
+        if audio.size:
+            f.write(np.clip(audio, -1.0, 1.0))
+    return buffer.getvalue()

@@ -8,8 +8,8 @@ routes each request to a replica and streams the response through. Run it on a R
     pip install 'zonos-accel[server]' 'ray[serve]'
     ray start --head                       # once per cluster; GPU workers: ray start --address HEAD:6379
     serve run zonos.serve.ray_app:app_builder model=Zyphra/Zonos-v0.1-hybrid slots=64 max_replicas=8
-    curl -s localhost:8000/v1/audio/speech -H 'Content-Type: application/json' \\
-         -d '{"model": "zonos", "input": "Hello from Ray.", "response_format": "wav"}' > hello.wav
+    curl -sSf localhost:8000/v1/audio/speech -o hello.wav -H 'Content-Type: application/json' \\
+         -d '{"model": "zonos", "input": "Hello from Ray.", "response_format": "wav"}'
 
 ``random=hybrid`` builds the published architecture with random weights (for load tests without a download),
 ``gpus=0`` runs replicas on CPUs. Without Ray, the same app runs on one machine with ``zonos-tts serve``.
@@ -20,7 +20,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from zonos.serve.app import ServerSettings, create_app
+from zonos.serve.app import create_app
+from zonos.serve.settings import ServerSettings
 
 __all__ = ["ModelLoader", "app_builder", "deployment"]
 
@@ -73,8 +74,9 @@ class ModelLoader:
     """A picklable model loader (paths and names only; the model is built on the replica, on its device): a Hub
     repo or local directory for the model and the codec, or ``random`` (an architecture name) for random weights."""
 
-    def __init__(self, model: str, codec: str, random: str | None = None, device: str | None = None,
-                 max_seqlen: int = 4096):
+    def __init__(
+        self, model: str, codec: str, random: str | None = None, device: str | None = None, max_seqlen: int = 4096
+    ):
         self.model, self.codec, self.random, self.device = model, codec, random, device
         self.max_seqlen = max_seqlen
 
@@ -112,8 +114,23 @@ def app_builder(args: dict[str, str]):
     min_replicas/max_replicas, gpus (per replica), api_key, voices_dir, rate_limit (per minute; 0 none)."""
     from pathlib import Path
 
-    known = {"model", "codec", "random", "device", "max_seqlen", "slots", "vocoder_batching", "queue_size", "replicas",
-             "min_replicas", "max_replicas", "gpus", "api_key", "voices_dir", "rate_limit"}
+    known = {
+        "model",
+        "codec",
+        "random",
+        "device",
+        "max_seqlen",
+        "slots",
+        "vocoder_batching",
+        "queue_size",
+        "replicas",
+        "min_replicas",
+        "max_replicas",
+        "gpus",
+        "api_key",
+        "voices_dir",
+        "rate_limit",
+    }
     unknown = sorted(set(args) - known)
     if unknown:
         raise ValueError(f"unknown argument(s) {', '.join(unknown)}: use {', '.join(sorted(known))}")
@@ -126,10 +143,18 @@ def app_builder(args: dict[str, str]):
         rate_limit=float(args.get("rate_limit", 0)) or None,
         model_name=args.get("model", "Zyphra/Zonos-v0.1-hybrid"),
     )
-    loader = ModelLoader(args.get("model", "Zyphra/Zonos-v0.1-hybrid"), args.get("codec", "descript/dac_44khz"),
-                     args.get("random"), args.get("device"), int(args.get("max_seqlen", 4096)))
+    loader = ModelLoader(
+        args.get("model", "Zyphra/Zonos-v0.1-hybrid"),
+        args.get("codec", "descript/dac_44khz"),
+        args.get("random"),
+        args.get("device"),
+        int(args.get("max_seqlen", 4096)),
+    )
     return deployment(
-        loader, settings, num_replicas=int(args["replicas"]) if "replicas" in args else None,
-        min_replicas=int(args.get("min_replicas", 1)), max_replicas=int(args.get("max_replicas", 1)),
+        loader,
+        settings,
+        num_replicas=int(args["replicas"]) if "replicas" in args else None,
+        min_replicas=int(args.get("min_replicas", 1)),
+        max_replicas=int(args.get("max_replicas", 1)),
         gpus_per_replica=float(args.get("gpus", 1)),
     )

@@ -8,8 +8,9 @@ Real-size Zonos-v0.1-hybrid and DAC 44.1 kHz with random bf16 weights. Three tab
 - vocoder: GPU ms of a steady streaming-decoder push of ``f`` frames for ``b`` streams at once (one captured
   graph), and per stream-frame;
 - vocoder slab: GPU ms of a :class:`~zonos.codec.slab.VocoderSlab` push of ``b`` rows (inputs masked per row);
-- join: a request's prefill at ``--prefix`` tokens: wall ms of the engine's whole join (prefill pieces, first
-  token, slot load) and the GPU ms of the prefill pieces alone.
+- join: ``u`` requests of ``--prefix`` tokens queued together (one batched prefill, for each bucket of the
+  engine's staging rows): wall ms of the whole join (prefill pieces, first tokens, slot loads, one step) and the
+  GPU ms of the prefill pieces alone, per request.
 
     python3 benchmarks/engine_parts.py [--buckets 1 8 64 128 256] [--rows 1 16 64 256] [--frames 1 16]
                                      [--parts join step vocoder slab]
@@ -153,31 +154,42 @@ def slab_table(codec, rows: list[int], frames: list[int]) -> list[dict]:
 
 
 def join_table(model, prefix_tokens: int) -> list[dict]:
+    """Joins of ``u`` requests queued together (one batched prefill of u sequences): wall ms to every request's
+    first frame, and GPU ms and kernels of the prefill pieces on the engine's staging rows of that bucket."""
     model.start_engine(slots=8, max_seqlen=prefix_tokens + 200, queue_size=8)
     engine = model.engine
     d = model.config.backbone.d_model
     prefix = torch.randn(2, prefix_tokens, d, device="cuda").to(model.dtype)
-    walls = []
-    for _ in range(8):  # the engine's own join: to the first step (a 1-frame request is prefill + one step)
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        model.generate(prefix, max_new_tokens=1, progress_bar=False, logits_processor=no_eos(model))
-        torch.cuda.synchronize()
-        walls.append((time.perf_counter() - t0) * 1e3)
-    hidden = torch.randn(2, prefix_tokens + 1, d, device="cuda").to(model.dtype)
     side = torch.cuda.Stream()
-    with engine.idle(), torch.cuda.stream(side):
+    out = []
+    for u, rows in engine.staging_rows.items():
+        walls = []
+        for _ in range(8):  # the engine's own join: to the first step (a 1-frame request is prefill + one step)
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            with engine.idle():  # queued together: admitted in one iteration, prefilled in one batch
+                handles = [model.submit(prefix, max_new_tokens=1, logits_processor=no_eos(model)) for _ in range(u)]
+            for h in handles:
+                h.result()
+            torch.cuda.synchronize()
+            walls.append((time.perf_counter() - t0) * 1e3)
+        hidden = torch.randn(rows.batch_size, prefix_tokens + 1, d, device="cuda").to(model.dtype)
+        lengths = torch.full((rows.batch_size,), prefix_tokens + 1, device="cuda")
+        with engine.idle(), torch.cuda.stream(side):
 
-        def pieces():
-            engine.staging.reset()
-            engine.graphs.prefill(model.backbone, hidden, engine.staging)
+            def pieces(rows=rows, hidden=hidden, lengths=lengths):
+                rows.reset()
+                engine.graphs.prefill(model.backbone, hidden, rows, lengths)
 
-        gpu = statistics.median(event_times(pieces, repeat=10, warmup=3))
-        n = kernels(pieces)
-    torch.cuda.synchronize()
+            gpu = statistics.median(event_times(pieces, repeat=10, warmup=3))
+            n = kernels(pieces)
+        torch.cuda.synchronize()
+        wall = statistics.median(walls[2:])
+        out.append({"prefix tokens": prefix_tokens, "requests": u, "join wall ms": round(wall, 2),
+                    "prefill GPU ms": round(gpu, 3), "GPU ms per request": round(gpu / u, 3),
+                    "pieces kernels": n})  # fmt: skip
     model.engine.shutdown()
-    return [{"prefix tokens": prefix_tokens, "generate(1 frame) wall ms": round(statistics.median(walls[2:]), 2),
-             "prefill pieces GPU ms": round(gpu, 3), "pieces kernels": n}]  # fmt: skip
+    return out
 
 
 def main() -> None:

@@ -201,3 +201,43 @@ def test_decay_rates_are_derived_once():
         mixer.A.fill_(float("nan"))
         mixer.refresh_A()
     torch.testing.assert_close(bb(x, bb.allocate_inference_state(2, 16)), ref, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("kind", ["hybrid", "transformer"])
+@pytest.mark.parametrize("pieces", [[13], [8, 5], [4, 4, 4, 1]])
+def test_ragged_prefill_leaves_each_row_its_solo_state(kind, pieces):
+    """Rows of lengths 5, 13, 0 and 9 padded to 13 (padding poisoned with large values), prefilled with per-row
+    ``valid`` counts in pieces: each row's outputs at its positions, SSM and conv caches, KV rows and position
+    equal those of prefilling it alone, and the next decode step too, to float64 rounding (BLAS may sum a GEMM of
+    another row count in another order; tests/test_engine.py checks joins batched as the engine runs them equal
+    their solo runs exactly)."""
+    bb = _backbone(kind, seed=2)
+    lengths = [5, 13, 0, 9]
+    g = torch.Generator().manual_seed(7)
+    x = 1e3 * torch.randn(4, 13, 64, dtype=torch.float64, generator=g)  # poison: the padding must change nothing
+    for row, n in enumerate(lengths):
+        x[row, :n] = torch.randn(n, 64, dtype=torch.float64, generator=g)
+    state = bb.allocate_inference_state(4, 32)
+    total = torch.tensor(lengths)
+    out, start = [], 0
+    for n in pieces:
+        out.append(bb(x[:, start : start + n], state, (total - start).clamp(0, n)))
+        start += n
+    out = torch.cat(out, 1)
+    assert state.position.tolist() == lengths
+    nxt = torch.randn(4, 1, 64, dtype=torch.float64, generator=g)
+    alone = []
+    for row, n in enumerate(lengths):
+        solo = bb.allocate_inference_state(1, 32)
+        if n:
+            torch.testing.assert_close(out[row, :n], bb(x[row : row + 1, :n], solo)[0], rtol=0, atol=1e-12)
+        for ours, theirs in zip(state.caches, solo.caches):
+            for name in ("conv", "ssm") if hasattr(theirs, "ssm") else ("k", "v"):
+                a, b = getattr(ours, name)[row], getattr(theirs, name)[0]
+                if name in ("k", "v"):
+                    a, b = a[:n], b[:n]
+                torch.testing.assert_close(a, b, rtol=0, atol=1e-12, msg=f"row {row} {name}")
+        alone.append(solo)
+    step = bb.step(nxt, state)
+    for row, solo in enumerate(alone):
+        torch.testing.assert_close(step[row], bb.step(nxt[row : row + 1], solo)[0], rtol=0, atol=1e-12)

@@ -441,3 +441,85 @@ def test_eos_at_the_prefill_token_ends_stream_and_one_shot_alike(model, prefixes
     chunks = list(model.generate(prefixes[0], generator=torch.Generator().manual_seed(1), stream=True, **kw))
     streamed = torch.cat([c.codes for c in chunks], -1)
     assert codes.shape[-1] == 0 and torch.equal(streamed, codes)
+
+
+def _request(model, prefixes, i, **extra):
+    """Request ``i`` of the solo fixture's, for an engine other than the model's."""
+    kw = _kwargs(i, **extra)
+    kw.pop("progress_bar")
+    return model._request(
+        prefixes[i], None, kw.pop("max_new_tokens"), kw.pop("cfg_scale", 2.0), 1, kw.pop("sampling_params", None),
+        kw.pop("generator"), **kw,
+    )  # fmt: skip
+
+
+def _result(handle):
+    if handle.request.stream:
+        chunks = list(handle)
+        return torch.cat([c.codes for c in chunks], -1), _audio(chunks)
+    return handle.result(), None
+
+
+def _check_solo(got, solo_run):
+    codes, chunks = solo_run
+    assert torch.equal(got[0], codes)
+    if got[1] is not None:
+        assert torch.equal(got[1], _audio(chunks))
+
+
+def test_requests_queued_together_prefill_in_one_batch_and_equal_their_solo_runs(model, prefixes, solo):
+    """Four requests of unequal prefix lengths and settings, queued while the worker waits: one batched prefill
+    (rows padded to the longest prefix) loads all four slots, and each gives exactly its solo codes and audio."""
+    engine = model.engine
+    batches = engine.join_batches
+    with engine.idle():
+        handles = [model.submit(prefixes[i], **_kwargs(i, stream=i % 2 == 1, chunk_frames=4)) for i in range(4)]
+    for i, h in enumerate(handles):
+        _check_solo(_result(h), solo[i])
+    assert engine.join_batches == batches + 1
+    assert len({p.shape[1] for p in prefixes}) > 1  # the batch was ragged
+
+
+def test_a_batched_join_whose_request_fails_leaves_the_others_alone(model, prefixes, solo):
+    engine = model.engine
+
+    def broken(logits, step):
+        raise RuntimeError("this processor fails")
+
+    with engine.idle():
+        good = model.submit(prefixes[0], **_kwargs(0))
+        bad = model.submit(prefixes[1], **_kwargs(1, logits_processor=broken))
+        other = model.submit(prefixes[2], **_kwargs(2, stream=True, chunk_frames=4))
+    with pytest.raises(RuntimeError, match="this processor fails"):
+        bad.result()
+    _check_solo(_result(good), solo[0])
+    _check_solo(_result(other), solo[2])
+    assert not engine.busy
+
+
+def test_chunked_prefill_interleaves_with_running_streams_and_changes_nothing(model, prefixes, solo):
+    """With prefill_chunk=8 (a multiple of the tiny model's SSD chunk), a join's prefill runs one piece per decode
+    step of the running stream: the joiner starts several steps after it was submitted, and both requests give
+    exactly their solo codes and audio (the solo runs prefill whole)."""
+    engine = Engine(model, slots=4, prefill_chunk=8)
+    seen = {}
+
+    def submitter(frame, step, max_steps):
+        if step == 3 and "joiner" not in seen:
+            seen["submitted"] = engine.steps
+            seen["joiner"] = engine.submit(_request(model, prefixes, 1, stream=True, chunk_frames=4, callback=joined))
+        return True
+
+    def joined(frame, step, max_steps):
+        seen.setdefault("first_step", engine.steps)
+        return True
+
+    try:
+        first = engine.submit(_request(model, prefixes, 0, stream=True, chunk_frames=4, callback=submitter))
+        _check_solo(_result(first), solo[0])
+        _check_solo(_result(seen["joiner"]), solo[1])
+        pieces = -(-(prefixes[1].shape[1] + 1) // 8)  # the prefix and the first (masked) code frame
+        assert pieces >= 3 and engine.join_pieces == -(-(prefixes[0].shape[1] + 1) // 8) + pieces
+        assert seen["first_step"] - seen["submitted"] >= pieces  # one piece per step of the running stream
+    finally:
+        engine.shutdown()

@@ -270,7 +270,8 @@ def test_a_shut_down_engine_releases_its_graphs():
 
     first = run()
     graphs = model.engine.graphs
-    old = {model.engine.slots.state.serial, model.engine.staging.serial}
+    engine = model.engine
+    old = {engine.slots.state.serial, engine.staging.serial, *(v.serial for v in engine.staging_rows.values())}
     assert any(key[1] in old for key in graphs._graphs)
     model.start_engine(slots=model.engine.slots.count)
     assert not any(key[1] in old for key in graphs._graphs)

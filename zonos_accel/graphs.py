@@ -112,41 +112,55 @@ class GraphCache:
         key = ("step", slots.state.serial, n, use, processors, backend)
         self.run(key, lambda: slots.step(n, use, processors))
 
-    def prefill(self, backbone, hidden: torch.Tensor, state) -> torch.Tensor:
-        """``backbone(hidden, state)`` as graph pieces (the backbone's output for every position)."""
+    def prefill(self, backbone, hidden: torch.Tensor, state, lengths: torch.Tensor | None = None) -> torch.Tensor:
+        """``backbone(hidden, state)`` as graph pieces (the backbone's output for every position); ``lengths``
+        (b,) on the device: row i's tokens from ``lengths[i]`` on are padding (see ``ZonosBackbone.forward``)."""
         out = torch.empty_like(hidden)
         start = 0
         for n in prefill_pieces(hidden.shape[1]):
-            key = ("prefill", state.serial, n, hidden.shape[0], hidden.dtype, backbone.ops)
-            static = self._inputs.get(key)
-            if static is None:
-                static = self._inputs[key] = torch.empty(
-                    hidden.shape[0], n, hidden.shape[2], device=hidden.device, dtype=hidden.dtype
-                )
-            static.copy_(hidden[:, start : start + n])
-            seqlen = state.seqlen
-
-            def set_seqlen(value: int) -> None:
-                state.seqlen = value
-
-            piece = self.run(
-                key,
-                lambda static=static: backbone(static, state),
-                before_capture=lambda start=seqlen: set_seqlen(start),  # the capture checks bounds as the eager run did
-                after_capture=lambda end=seqlen + n: set_seqlen(end),
-            )
-            state.seqlen = seqlen + n  # what backbone.forward does on the host (a replay advances only the position)
-            out[:, start : start + n].copy_(piece)
+            valid = None if lengths is None else (lengths - start).clamp(0, n)
+            out[:, start : start + n].copy_(self.prefill_piece(backbone, hidden[:, start : start + n], state, valid))
             start += n
         return out
 
-    def prepare_prefill(self, backbone, state, sizes=PIECE_SIZES) -> None:
-        """Capture the prefill pieces of ``sizes`` now (on a reset ``state``), so no request captures them."""
+    def prefill_piece(self, backbone, hidden: torch.Tensor, state, valid: torch.Tensor | None = None) -> torch.Tensor:
+        """``backbone(hidden, state, valid)`` for one piece, whose length is one of :data:`PIECE_SIZES`, from its
+        graph. Returns the graph's static output: copy it before the next replay."""
+        b, n, d = hidden.shape
+        key = ("prefill", state.serial, n, b, hidden.dtype, valid is not None, backbone.ops)
+        static = self._inputs.get(key)
+        if static is None:
+            static = self._inputs[key] = (
+                torch.empty(b, n, d, device=hidden.device, dtype=hidden.dtype),
+                None if valid is None else torch.empty(b, device=hidden.device, dtype=torch.int64),
+            )
+        static[0].copy_(hidden)
+        if valid is not None:
+            static[1].copy_(valid)
+        seqlen = state.seqlen  # None for a row view, whose bounds its owner checks
+
+        def set_seqlen(value: int | None) -> None:
+            state.seqlen = value
+
+        piece = self.run(
+            key,
+            lambda: backbone(static[0], state, static[1]),
+            before_capture=lambda: set_seqlen(seqlen),  # the capture checks bounds as the eager run did
+            after_capture=lambda: set_seqlen(None if seqlen is None else seqlen + n),
+        )
+        state.seqlen = None if seqlen is None else seqlen + n  # what forward does on the host (a replay does not)
+        return piece
+
+    def prepare_prefill(self, backbone, state, sizes=PIECE_SIZES, ragged: bool = False) -> None:
+        """Capture the prefill pieces of ``sizes`` now (on a reset ``state``), so no request captures them;
+        ``ragged``: the pieces that take per-row lengths (the engine's batched joins)."""
         d = backbone.config.d_model
         dtype = backbone.norm_f.weight.dtype
         for n in sizes:
             if n > state.max_seqlen:
                 continue
             state.reset()
-            self.prefill(backbone, torch.zeros(state.batch_size, n, d, device=self.device, dtype=dtype), state)
+            lengths = torch.full((state.batch_size,), n, device=self.device) if ragged else None
+            hidden = torch.zeros(state.batch_size, n, d, device=self.device, dtype=dtype)
+            self.prefill(backbone, hidden, state, lengths)
         state.reset()

@@ -37,12 +37,14 @@ class Block(UsesOps, nn.Module):
         normed, residual = _add_norm(self.ops, hidden, residual, self.norm2)
         return self.mlp(normed), residual
 
-    def forward(self, hidden, residual, cache, position: torch.Tensor):
+    def forward(self, hidden, residual, cache, position: torch.Tensor, valid: torch.Tensor | None = None):
         normed, residual = _add_norm(self.ops, hidden, residual, self.norm)
         if isinstance(self.mixer, Attention):
+            # Padding past a row's valid tokens writes keys and values past them, which its own valid queries
+            # never see (causal) and which later tokens at those positions overwrite.
             hidden = self.mixer(normed, cache, position)
         else:
-            hidden = self.mixer(normed, cache)
+            hidden = self.mixer(normed, cache, valid)
         return self._mlp(hidden, residual)
 
     def step(self, hidden, residual, cache, position: torch.Tensor):
@@ -151,13 +153,17 @@ class ZonosBackbone(UsesOps, nn.Module):
     def _final(self, hidden: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         return _add_norm(self.ops, hidden, residual, self.norm_f)[0]
 
-    def forward(self, hidden: torch.Tensor, state: InferenceState) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, state: InferenceState, valid: torch.Tensor | None = None) -> torch.Tensor:
         """Prefill: (b, l, d) embeddings that follow the tokens already consumed → (b, l, d).
 
         The tokens go at ``state.position`` (a device tensor, one entry per row), which this advances on the device,
         so a sequence may arrive in pieces of any sizes and each piece runs the same kernels at every position
         (graph-safe: zonos_accel.graphs replays one graph per piece size). A replayed graph does not run this
         Python, so a graph runner advances ``state.seqlen`` itself.
+
+        ``valid`` (b,) int64 on the device, for a batch of sequences of unequal lengths: row i consumes only its
+        first ``valid[i]`` tokens (0 to l; the rest is padding whose outputs mean nothing) and its position
+        advances by that many, so its state is the one its valid tokens alone leave. ``state.seqlen`` counts l.
         """
         l = hidden.shape[1]
         self._check(hidden, state, l)
@@ -165,8 +171,8 @@ class ZonosBackbone(UsesOps, nn.Module):
             state.seqlen += l
         residual = None
         for layer, cache in zip(self.layers, state.caches):
-            hidden, residual = layer(hidden, residual, cache, state.position)
-        state.position.add_(l)
+            hidden, residual = layer(hidden, residual, cache, state.position, valid)
+        state.position.add_(l if valid is None else valid)
         return self._final(hidden, residual)
 
     def step(self, hidden: torch.Tensor, state: InferenceState) -> torch.Tensor:

@@ -111,22 +111,28 @@ class Mamba2Mixer(UsesOps, nn.Module):
         y = self.ops.gated_rms_norm(y, z, self.norm.weight, self.norm_eps, self.d_inner // self.ngroups)
         return self.ops.linear(y, self.out_proj.weight)
 
-    def forward(self, u: torch.Tensor, cache: Mamba2Cache) -> torch.Tensor:
+    def forward(self, u: torch.Tensor, cache: Mamba2Cache, valid: torch.Tensor | None = None) -> torch.Tensor:
         """Process (b, l, d) tokens that follow the ones the cache has seen; updates the cache.
 
         The conv's left context and the scan's initial state always come from the cache (zeros after
         ``InferenceState.reset``), so the first piece of a sequence is not a special case and the same
-        kernels serve every position (graph-safe).
+        kernels serve every position (graph-safe). ``valid`` (b,) on the device: row i's tokens from
+        ``valid[i]`` on are padding, which leaves its cache as its valid tokens left it (their step sizes are 0:
+        the scan's state passes through them unchanged; the conv's context ends at the last valid token).
         """
         b, l, _ = u.shape
         z, xbc, dt = self._split(self.ops.linear(u, self.in_proj.weight))
-        new_context = conv_context(xbc, self.d_conv, cache.conv)
+        new_context = conv_context(xbc, self.d_conv, cache.conv, valid)
         xbc = self.ops.causal_conv1d(xbc, self.conv1d.weight, self.conv1d.bias, cache.conv)
         cache.conv.copy_(new_context)
         x, B, C = torch.split(xbc, [self.d_inner, self.ngroups * self.d_state, self.ngroups * self.d_state], dim=-1)
+        dt, A = self._dt_A(dt)
+        if valid is not None:
+            dt = dt.masked_fill((torch.arange(l, device=u.device) >= valid[:, None])[..., None], 0.0)
         y, final = self.ops.ssd_scan(
             x.reshape(b, l, self.nheads, self.headdim),
-            *self._dt_A(dt),
+            dt,
+            A,
             B.reshape(b, l, self.ngroups, self.d_state),
             C.reshape(b, l, self.ngroups, self.d_state),
             self.chunk_size,

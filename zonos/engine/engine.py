@@ -1,9 +1,12 @@
 """The engine: every generation is a request on it.
 
 An :class:`Engine` owns a model's decode state (:class:`~zonos.engine.slots.Slots`), a queue of requests and a
-worker thread that runs them. A request joins a free slot between decode steps (its prefill runs on a 2-row
-staging state, which is then copied into the slot), advances one frame per step alongside the other slots, and
-leaves at EOS, at its length, when its callback says stop, or when it is cancelled, freeing the slot at once.
+worker thread that runs them. A request joins a free slot between decode steps, advances one frame per step
+alongside the other slots, and leaves at EOS, at its length, when its callback says stop, or when it is cancelled,
+freeing the slot at once. Requests queued together join together: their prefixes are prefilled in one batch (up to
+:data:`JOIN_BATCH` sequences on staging rows, each row padded to the longest prefix and masked past its own; see
+``ZonosBackbone.forward``), then copied into their slots. While other requests run, the batch's prefill pieces
+alternate with their decode steps (as vLLM's chunked prefill does), so a join stalls them by one piece at most.
 Each step runs the smallest bucket of slots (1, 2, 4, ..., ``slots``) that holds every active one, so a
 lightly loaded engine pays for few rows.
 
@@ -36,7 +39,7 @@ import torch
 from zonos.codebook_pattern import N_CODEBOOKS, UNKNOWN, apply_delay_pattern, revert_delay_pattern
 from zonos.codec.dac import DACConfig
 from zonos.codec.streaming import StreamingDACDecoder, WeightCasts, steady_state_size
-from zonos.engine.slots import MAX_WINDOW, Slots
+from zonos.engine.slots import MAX_WINDOW, Slots, row_view
 from zonos.engine.vocoding import SlabVocoding
 from zonos.errors import EngineClosedError, EngineFullError, ZonosInputError
 from zonos.ops.sampler import features, row_params_for, to_device
@@ -46,7 +49,10 @@ from zonos.utils import power_buckets
 
 VOCODER_FRAMES = 4  # frames per vocoder slab push; docs/BENCHMARKS.md, decisions: VOCODER_FRAMES
 SYNC_EVERY = 4  # steps between reads of the slots' flags (see _ActiveWatch); docs/BENCHMARKS.md, decisions: SYNC_EVERY
-JOIN_MARGIN_S = 0.05  # audio a running stream keeps buffered while requests join (see Engine._admit)
+# Sequences prefilled together (one backbone call per piece, their rows padded to the longest): a prefill of ~120
+# tokens is launch-bound (9 ms GPU for ~1.1 ms of GEMM work at 2 rows on the H200), so up to ~4 sequences cost
+# about what one does. docs/BENCHMARKS.md, decisions: JOIN_BATCH
+JOIN_BATCH = 4
 _DONE = object()  # end of a handle's items
 
 
@@ -178,6 +184,9 @@ class _Job:
             self.ready.record(torch.cuda.current_stream(request.prefix.device))
         self.slots: list[int] = []
         self.index: torch.Tensor | None = None  # the slots, as a device index
+        self.delayed: torch.Tensor | None = None  # (batch, 9, columns) delayed codes while it joins
+        self.prefixes: list[torch.Tensor] | None = None  # each own prefix's rows (2, l, d) while it joins
+        self.failed = False  # its prefill failed (the error went to its caller)
         self.offset = 0  # host's count of the last written column (the device's while active)
         self.limit = 0
         self.max_steps = 0
@@ -219,6 +228,8 @@ class Engine:
             every ``vocoder_frames`` steps (:mod:`zonos.engine.vocoding`); the audio is the same. Off: each stream
             on a decoder of its own (as streams continuing a decoder, e.g. long-form segments, always are).
         vocoder_frames: frames per slab push (a stream's first audio waits up to this many steps longer).
+        prefill_chunk: without graphs, the most prefill tokens run between two decode steps while other requests
+            run (None: a join's whole prefill at once). With graphs the pieces are the graph cache's sizes.
     """
 
     @staticmethod
@@ -229,9 +240,14 @@ class Engine:
         vocoder_streams: object,
         vocoder_batching: object,
         vocoder_frames: object = VOCODER_FRAMES,
+        prefill_chunk: object = None,
     ) -> None:
         """Refuse arguments the engine cannot run with (:class:`ZonosInputError`), before anything is allocated or
         a previous engine is shut down."""
+        if prefill_chunk is not None and (
+            isinstance(prefill_chunk, bool) or not isinstance(prefill_chunk, int) or prefill_chunk < 1
+        ):
+            raise ZonosInputError(f"prefill_chunk must be None or a positive int, got {prefill_chunk!r}")
         if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
             raise ZonosInputError(f"slots must be a positive int, got {slots!r}")
         if isinstance(queue_size, bool) or not isinstance(queue_size, int) or queue_size < 1:
@@ -262,14 +278,24 @@ class Engine:
         vocoder_streams: int = 4,
         vocoder_batching: bool = True,
         vocoder_frames: int = VOCODER_FRAMES,
+        prefill_chunk: int | None = None,
     ):
-        self.check_args(slots, max_seqlen, queue_size, vocoder_streams, vocoder_batching, vocoder_frames)
+        self.check_args(slots, max_seqlen, queue_size, vocoder_streams, vocoder_batching, vocoder_frames, prefill_chunk)
         self.model = model
         self.max_seqlen = model.max_seqlen if max_seqlen is None else max_seqlen
         self.device = model.device
-        check_memory(model, slots, self.max_seqlen, vocoder_batching=vocoder_batching, vocoder_frames=vocoder_frames)
+        self.join_batch = min(JOIN_BATCH, slots)
+        check_memory(
+            model, slots, self.max_seqlen, vocoder_batching=vocoder_batching, vocoder_frames=vocoder_frames,
+            staging=self.join_batch,
+        )  # fmt: skip
         self.slots = Slots(model, slots, self.max_seqlen)
-        self.staging = model.backbone.allocate_inference_state(2, self.max_seqlen)
+        # Joins prefill on these rows (two per sequence), then copy into their slots. One view per bucket of
+        # sequences, made once: graphs are keyed by the state's serial.
+        self.staging = model.backbone.allocate_inference_state(2 * self.join_batch, self.max_seqlen)
+        self.staging_rows = {u: row_view(self.staging, 0, 2 * u) for u in power_buckets(self.join_batch)}
+        self.prefill_chunk = prefill_chunk
+        self._joining: _Joining | None = None
         self.queue_size = queue_size
         self.graphs = graphs
         self.vocoder_graphs = graphs is not None
@@ -302,6 +328,8 @@ class Engine:
                 torch.cuda.Stream(self.device) if cuda else None,
             )  # fmt: skip
         self.steps = 0  # decode steps run
+        self.join_batches = 0  # batched prefills run (each of up to join_batch sequences)
+        self.join_pieces = 0  # their pieces
         self.step_seconds = 0.0  # host time in them (wall: launches, or the whole step on the CPU)
 
     # ------------------------------------------------------------------------------------------ public
@@ -367,7 +395,7 @@ class Engine:
             self._thread.join()
         if wait and self.graphs is not None:
             with self._work:
-                self.graphs.release(self.slots.state, self.staging)
+                self.graphs.release(self.slots.state, self.staging, *self.staging_rows.values())
 
     @property
     def busy(self) -> bool:
@@ -394,11 +422,13 @@ class Engine:
                 self.vocoding.cuda_graphs = self.vocoder_graphs
 
     def prepare_prefill(self) -> None:
-        """Capture every prefill piece size now (with graphs on), so no request of any prompt length captures."""
+        """Capture every prefill piece size of every bucket of joining sequences now (with graphs on), so no request
+        of any prompt length captures."""
         if self.graphs is None:
             return
         with self._work, torch.cuda.stream(self._stream) if self._stream is not None else contextlib.nullcontext():
-            self.graphs.prepare_prefill(self.model.backbone, self.staging)
+            for rows in self.staging_rows.values():
+                self.graphs.prepare_prefill(self.model.backbone, rows, ragged=True)
         if self._stream is not None:
             self._stream.synchronize()
 
@@ -413,10 +443,11 @@ class Engine:
         needed = r.prefix.shape[1] + (0 if r.audio_prefix_codes is None else r.audio_prefix_codes.shape[2])
         needed += r.max_new_tokens + N_CODEBOOKS
         if needed > self.max_seqlen:
+            audio = "" if r.audio_prefix_codes is None else f", the audio prefix {r.audio_prefix_codes.shape[2]} frames"
             raise ZonosInputError(
-                f"the prefix is {r.prefix.shape[1]} tokens and {r.max_new_tokens} new frames need {N_CODEBOOKS} "
-                f"more steps: {needed} > max_seqlen {self.max_seqlen}. Split the text into shorter pieces (e.g. "
-                "sentences), lower max_new_tokens, or load the model with a larger max_seqlen."
+                f"the prefix is {r.prefix.shape[1]} tokens{audio} and {r.max_new_tokens} new frames need "
+                f"{N_CODEBOOKS} more steps: {needed} > max_seqlen {self.max_seqlen}. Split the text into shorter "
+                "pieces (e.g. sentences), lower max_new_tokens, or load the model with a larger max_seqlen."
             )
         if r.batch_size > self.slots.count:
             raise ZonosInputError(
@@ -443,7 +474,7 @@ class Engine:
             while True:
                 with self._cv:
                     self._drop_cancelled_queued()
-                    while not self._closed and not self._queue and not self._running:
+                    while not self._closed and not self._queue and not self._running and self._joining is None:
                         if self._finishing or self.vocoding is not None and self.vocoding.busy:
                             # only last chunks on their way: poll them (and push the slab), no decode step
                             self._cv.wait(0.0005)
@@ -456,7 +487,8 @@ class Engine:
                     try:
                         self._iteration()
                     except Exception as err:  # noqa: BLE001 - a failed step fails the requests in it, not the engine
-                        for job in list(self._running):
+                        joining, self._joining = self._joining, None
+                        for job in list(self._running) + ([] if joining is None else joining.jobs):
                             self._fail(job, err)
             self._close_all()
 
@@ -465,8 +497,12 @@ class Engine:
         for job in list(self._running):
             if job.cancelled():
                 self._end(job, deliver=False)
-        for job in self._admit():
-            self._start(job)
+        if self._joining is None:
+            self._joining = self._admit()
+        if self._joining is not None:
+            # Beside running requests one piece per step, so a join stalls them by one piece at most; alone, all.
+            while not self._advance_join() and not self._running:
+                pass
         if self._running:
             self._step()
         elif self.vocoding is not None and self.vocoding.members:
@@ -479,39 +515,32 @@ class Engine:
             self._queue.remove(job)
             job.items.put(_DONE)
 
-    def _admit(self) -> list[_Job]:
-        """Queued requests that get slots now. While streams play, joins stop once their prefills would eat the
-        audio the most-starved stream has buffered beyond ``JOIN_MARGIN_S`` (one join per step always goes)."""
-        now = time.perf_counter()
-        budget = min((job.slack(now) for job in self._running if job.request.stream), default=math.inf)
-        budget -= JOIN_MARGIN_S
-        joins: list[_Job] = []
+    def _admit(self) -> _Joining | None:
+        """The queued requests that join now, in order: as many as the free slots hold, while their sequences with
+        prefixes of their own fit one batched prefill (the first always joins, in several batches if it must)."""
+        jobs: list[_Job] = []
+        units: list[_Unit] = []
         with self._cv:
             while self._queue and len(self._free) >= self._queue[0].request.batch_size:
-                if joins and budget <= 0:
+                job = self._queue[0]
+                if jobs and len(units) + _own_prefixes(job.request) > self.join_batch:
                     break
-                job = self._queue.popleft()
+                self._queue.popleft()
                 job.slots = [self._free.pop(0) for _ in range(job.request.batch_size)]
                 self._free.sort()
-                joins.append(job)
-                budget -= self._prefill_estimate
-        return joins
+                jobs.append(job)
+                units += [_Unit(job, i) for i in range(_own_prefixes(job.request))]
+        if not jobs:
+            return None
+        for job in jobs:
+            try:
+                self._plan(job)
+            except Exception as err:  # noqa: BLE001 - the request's error goes to its caller; the engine goes on
+                self._fail(job, err)
+        return _Joining(jobs, [u for u in units if not u.job.failed], self.join_batch)
 
-    _prefill_estimate = 0.02  # seconds a join is assumed to cost until one has been measured
-
-    def _start(self, job: _Job) -> None:
-        started = time.perf_counter()
-        try:
-            self._prefill(job)
-        except Exception as err:  # noqa: BLE001 - the request's error goes to its caller; the engine goes on
-            self._fail(job, err)
-            return
-        job.joined = self.steps
-        self._running.append(job)
-        self._prefill_estimate = 0.5 * self._prefill_estimate + 0.5 * (time.perf_counter() - started)
-
-    def _prefill(self, job: _Job) -> None:
-        """Prefill each sequence of the request on the staging state, sample its first token, load its slot."""
+    def _plan(self, job: _Job) -> None:
+        """The request's delayed codes (its audio prefix in them), columns and each own prefix's rows (2, l, d)."""
         model, r = self.model, job.request
         device = self.device
         if job.ready is not None:
@@ -524,67 +553,129 @@ class Engine:
         codes = torch.full((b, N_CODEBOOKS, audio_len + r.max_new_tokens), UNKNOWN, device=device, dtype=torch.long)
         if audio is not None:
             codes[..., :audio_len] = audio.to(device).long()
-        delayed = apply_delay_pattern(codes, model.masked_token_id)
+        job.delayed = apply_delay_pattern(codes, model.masked_token_id)
         offset = audio_len + 1
         job.offset, job.limit, job.max_steps = offset, columns - 1, columns - offset
         job.index = to_device(job.slots, torch.int64, device)
-        rows_per_item = prefix.shape[0] == (b if r.cfg_scale == 1.0 else 2 * b) and b > 1
-        for i, slot in enumerate(job.slots):
-            if i == 0 or rows_per_item or audio is not None and audio.shape[0] > 1:
-                rows = _pair(prefix, i, b, r.cfg_scale)
-                hidden = torch.cat([rows, model.embed_codes(delayed[i : i + 1, :, :offset]).expand(2, -1, -1)], dim=1)
-                self.staging.reset()
-                last = self._backbone_prefill(hidden)[:, -1]
-                cfg = torch.full((1,), float(r.cfg_scale), device=device)
-                prefilled = model.guided_logits(last, cfg)  # shared by the sequences of one prefix
-            seed, step = to_device([r.seeds[i]], torch.int64, device), torch.zeros(1, dtype=torch.long, device=device)
-            logits = prefilled if r.logits_processor is None else _processed(r.logits_processor, prefilled, step)
-            none = torch.zeros(1, MAX_WINDOW, dtype=torch.bool, device=device)
-            recent = torch.zeros(1, N_CODEBOOKS, MAX_WINDOW, dtype=torch.long, device=device)
-            tokens = model.backbone.ops.sample_rows(
-                logits, row_params_for(r.sampling, device), recent, none, seed, step, features([r.sampling])
-            )
-            column = delayed[i, :, offset]
-            delayed[i, :, offset] = torch.where(column == UNKNOWN, tokens[0], column)
-            self.slots.load(
-                slot,
-                self.staging,
-                hidden.shape[1],
-                delayed[i],
-                offset,
-                job.limit,
-                r.cfg_scale,
-                r.seeds[i],
-                r.sampling,
-                job.processor,
-            )
         job.skip = 0 if r.emit_prefix else audio_len
-        if r.stream and self.vocoding is not None and self.vocoding.eligible(r):
-            if self.vocoding.admit(job, self.steps, job.skip, r.first_chunk_frames, r.chunk_frames):
-                return
-        if r.stream:
-            job.decoder = r.decoder if r.decoder is not None else self._decoder()
-            job.assembler = ChunkAssembler(
-                job.decoder,
-                model.eos_token_id,
-                r.first_chunk_frames,
-                r.chunk_frames,
-                self._side_stream(),
-                skip_frames=0 if r.emit_prefix else audio_len,
-                flush=r.flush,
-            )
+        job.prefixes = [
+            torch.cat([_pair(prefix, i, b, r.cfg_scale), model.embed_codes(job.delayed[i : i + 1, :, :offset])
+                       .expand(2, -1, -1)], dim=1)
+            for i in range(_own_prefixes(r))
+        ]  # fmt: skip
+
+    def _advance_join(self) -> bool:
+        """Run the joining requests' next prefill piece; after a batch's last piece sample its sequences' first
+        tokens and load their slots, and after the last batch start the requests. True when they have started."""
+        joining = self._joining
+        if joining.batch is None:
+            if not joining.next_batch():
+                return self._start_joined()
+            u = next(b for b in self.staging_rows if b >= len(joining.batch))
+            rows = self.staging_rows[u]
+            rows.reset()
+            self.join_batches += 1
+            lengths = [p.shape[1] for unit in joining.batch for p in (unit.prefix,) * 2]
+            joining.begin(rows, lengths + [0] * (rows.batch_size - len(lengths)), self._pieces, self.device)
+        start, n = joining.piece()
+        hidden = joining.hidden[:, start : start + n]
+        valid = (joining.lengths - start).clamp(0, n)
+        if self.graphs is None:
+            out = self.model.backbone(hidden, joining.rows, valid)
+        else:
+            out = self.graphs.prefill_piece(self.model.backbone, hidden, joining.rows, valid)
+        joining.take(out)
+        self.join_pieces += 1
+        if joining.pieces_left():
+            return False
+        self._load(joining)
+        joining.batch = None
+        return self._start_joined() if joining.done() else False
+
+    def _start_joined(self) -> bool:
+        joining, self._joining = self._joining, None
+        for job in joining.jobs:
+            if not job.failed:
+                self._start(job)
+        return True
+
+    def _pieces(self, length: int) -> list[int]:
+        if self.graphs is not None:
+            return _graph_pieces(length)
+        chunk = self.prefill_chunk or length
+        return [min(chunk, length - start) for start in range(0, length, chunk)]
+
+    def _load(self, joining: _Joining) -> None:
+        """A prefilled batch: each sequence's first token sampled from its prefix's last position, its slot loaded
+        from the prefix's two staging rows."""
+        model, device = self.model, self.device
+        u = len(joining.batch)
+        last = joining.last()[: 2 * u]
+        cfg = to_device([unit.job.request.cfg_scale for unit in joining.batch], torch.float32, device)
+        prefilled = model.guided_logits(last, cfg)
+        for j, unit in enumerate(joining.batch):
+            job, r = unit.job, unit.job.request
+            if job.failed:
+                continue
+            try:
+                for i in unit.sequences():
+                    seed = to_device([r.seeds[i]], torch.int64, device)
+                    step = torch.zeros(1, dtype=torch.long, device=device)
+                    logits = prefilled[j : j + 1]
+                    if r.logits_processor is not None:
+                        logits = _processed(r.logits_processor, logits, step)
+                    none = torch.zeros(1, MAX_WINDOW, dtype=torch.bool, device=device)
+                    recent = torch.zeros(1, N_CODEBOOKS, MAX_WINDOW, dtype=torch.long, device=device)
+                    tokens = model.backbone.ops.sample_rows(
+                        logits, row_params_for(r.sampling, device), recent, none, seed, step, features([r.sampling])
+                    )
+                    column = job.delayed[i, :, job.offset]
+                    job.delayed[i, :, job.offset] = torch.where(column == UNKNOWN, tokens[0], column)
+                    self.slots.load(
+                        job.slots[i],
+                        row_view(joining.rows, 2 * j, 2 * j + 2),
+                        unit.prefix.shape[1],
+                        job.delayed[i],
+                        job.offset,
+                        job.limit,
+                        r.cfg_scale,
+                        r.seeds[i],
+                        r.sampling,
+                        job.processor,
+                    )
+            except Exception as err:  # noqa: BLE001 - e.g. its logits processor's error: it fails this request only
+                self._fail(job, err)
+
+    def _start(self, job: _Job) -> None:
+        """A prefilled request joins the decode steps (and, streamed, the vocoder slab or a decoder of its own)."""
+        model, r = self.model, job.request
+        job.prefixes = job.delayed = None
+        self.slots.activate(job.index)
+        job.joined = self.steps
+        self._running.append(job)
+        try:
+            if r.stream and self.vocoding is not None and self.vocoding.eligible(r):
+                if self.vocoding.admit(job, self.steps, job.skip, r.first_chunk_frames, r.chunk_frames):
+                    return
+            if r.stream:
+                job.decoder = r.decoder if r.decoder is not None else self._decoder()
+                job.assembler = ChunkAssembler(
+                    job.decoder,
+                    model.eos_token_id,
+                    r.first_chunk_frames,
+                    r.chunk_frames,
+                    self._side_stream(),
+                    skip_frames=job.skip,
+                    flush=r.flush,
+                )
+        except Exception as err:  # noqa: BLE001 - the request's error goes to its caller; the engine goes on
+            self._fail(job, err)
 
     def _side_stream(self):
         if not self._sides:
             return None
         self._next_side = (self._next_side + 1) % len(self._sides)
         return self._sides[self._next_side]
-
-    def _backbone_prefill(self, hidden: torch.Tensor) -> torch.Tensor:
-        """The backbone over ``hidden`` (2, l, d) on the staging state; CUDA-graph pieces when graphs are on."""
-        if self.graphs is None:
-            return self.model.backbone(hidden, self.staging)
-        return self.graphs.prefill(self.model.backbone, hidden, self.staging)
 
     def _decoder(self) -> StreamingDACDecoder:
         if self._decoders:
@@ -776,6 +867,7 @@ class Engine:
                 self._close(job)
 
     def _fail(self, job: _Job, err: BaseException) -> None:
+        job.failed = True
         if job in self._running:
             self._running.remove(job)
         self._release(job)
@@ -809,6 +901,9 @@ class Engine:
         draining = []
         if self.vocoding is not None:
             draining = [job for job in self.vocoding.members.values() if job not in self._running]
+        joining, self._joining = self._joining, None
+        if joining is not None:
+            draining += [job for job in joining.jobs if not job.failed]
         for job in queued + list(self._running) + list(self._finishing) + draining:
             job.items.put(EngineClosedError("the engine was shut down before the request finished"))
             self._release(job)
@@ -828,6 +923,99 @@ def _frames(delayed: torch.Tensor, offset: int, eos_token_id: int) -> torch.Tens
     if codes.is_cuda:
         torch.cuda.current_stream(codes.device).synchronize()
     return codes
+
+
+def _own_prefixes(r: Request) -> int:
+    """How many of the request's sequences prefill rows of their own: all of them when the prefix (or the audio
+    prefix) has rows per sequence, else one, whose state every sequence starts from."""
+    b = r.batch_size
+    rows_per_item = b > 1 and r.prefix.shape[0] == (b if r.cfg_scale == 1.0 else 2 * b)
+    per_item_audio = r.audio_prefix_codes is not None and r.audio_prefix_codes.shape[0] > 1
+    return b if rows_per_item or per_item_audio else 1
+
+
+def _graph_pieces(length: int) -> list[int]:
+    from zonos_accel.graphs import prefill_pieces  # zonos imports zonos_accel only when graphs are on
+
+    return prefill_pieces(length)
+
+
+@dataclass
+class _Unit:
+    """One own prefix of a joining request: sequence ``index``'s rows, or with one prefix for the request, every
+    sequence's."""
+
+    job: _Job
+    index: int
+
+    @property
+    def prefix(self) -> torch.Tensor:
+        return self.job.prefixes[self.index]
+
+    def sequences(self) -> range:
+        own = len(self.job.prefixes)
+        return range(self.index, self.index + 1) if own > 1 else range(self.job.request.batch_size)
+
+
+class _Joining:
+    """Requests being prefilled: their own prefixes in batches of up to ``join_batch``, each batch's rows padded to
+    its longest prefix and run on staging rows piece by piece (the engine interleaves the pieces with decode steps)."""
+
+    def __init__(self, jobs: list[_Job], units: list[_Unit], join_batch: int):
+        self.jobs = jobs
+        self._units = units
+        self._join_batch = join_batch
+        self.batch: list[_Unit] | None = None  # the batch in flight
+        self.rows = None  # its staging rows (an InferenceState view)
+        self.hidden: torch.Tensor | None = None  # (rows, longest, d), zeros past each row's prefix
+        self.lengths: torch.Tensor | None = None  # (rows,) on the device
+        self._lengths: list[int] = []
+        self._pieces: list[int] = []
+        self._start = 0
+        self._last: torch.Tensor | None = None  # (rows, d): each row's output at its last prefix position
+
+    def next_batch(self) -> bool:
+        """Take the next batch of units (False when none is left)."""
+        if not self._units:
+            return False
+        self.batch, self._units = self._units[: self._join_batch], self._units[self._join_batch :]
+        return True
+
+    def begin(self, rows, lengths: list[int], pieces: Callable[[int], list[int]], device: torch.device) -> None:
+        """Lay the batch's prefixes out on ``rows`` (``lengths``: one per row, 0 for rows no unit uses)."""
+        longest = max(lengths)
+        first = self.batch[0].prefix
+        self.hidden = first.new_zeros(rows.batch_size, longest, first.shape[2])
+        for j, unit in enumerate(self.batch):
+            self.hidden[2 * j : 2 * j + 2, : unit.prefix.shape[1]] = unit.prefix
+        self.rows = rows
+        self._lengths = lengths
+        self.lengths = to_device(lengths, torch.int64, device)
+        self._pieces = pieces(longest)
+        self._start = 0
+        self._last = first.new_zeros(rows.batch_size, first.shape[2])
+
+    def piece(self) -> tuple[int, int]:
+        """(start, length) of the next piece."""
+        return self._start, self._pieces[0]
+
+    def take(self, out: torch.Tensor) -> None:
+        """The piece's output (rows, n, d): keep each row's last prefix position if it lies in the piece."""
+        start, n = self._start, self._pieces.pop(0)
+        for row, length in enumerate(self._lengths):
+            if start < length <= start + n:
+                self._last[row] = out[row, length - 1 - start]
+        self._start += n
+
+    def pieces_left(self) -> bool:
+        return bool(self._pieces)
+
+    def done(self) -> bool:
+        """Every batch has been loaded into its slots."""
+        return self.batch is None and not self._units
+
+    def last(self) -> torch.Tensor:
+        return self._last
 
 
 def _pair(prefix: torch.Tensor, i: int, batch: int, cfg_scale: float) -> torch.Tensor:
@@ -928,23 +1116,25 @@ def check_memory(
     headroom: float = 0.1,
     vocoder_batching: bool = True,
     vocoder_frames: int = VOCODER_FRAMES,
+    staging: int = 1,
 ) -> None:
     """Raise a clear error (naming the most slots that fit) when ``slots`` slots of ``max_seqlen`` tokens and their
     streams' vocoder state would not fit in the GPU's free memory, keeping ``headroom`` of it (and 2 GiB) for
     activations, graphs and weights cast for the vocoders; on the CPU, the slots' state against the host memory
-    available (where the system says; ``generate(batch_size=10**6)`` grows the engine to a million slots)."""
+    available (where the system says; ``generate(batch_size=10**6)`` grows the engine to a million slots).
+    ``staging``: sequences the joins prefill together, each on staging rows the size of a slot."""
     state = slot_bytes(model, max_seqlen)
     if model.device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(model.device)
         per_slot = state + vocoder_bytes(vocoder_batching, vocoder_frames)
-        usable = free * (1 - headroom) - 2 * 2**30 - state  # the staging state is one slot more
+        usable = free * (1 - headroom) - 2 * 2**30 - staging * state
         where = "of the GPU is free"
     else:
         free = _host_available()
         if free is None:
             return
         per_slot = state
-        usable = free * (1 - headroom) - state
+        usable = free * (1 - headroom) - staging * state
         where = "of host memory is available"
     if slots * per_slot > usable:
         fits = max(int(usable // per_slot), 0)

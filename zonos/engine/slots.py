@@ -91,21 +91,25 @@ class Slots:
         processor: int,
     ) -> None:
         """Put a prefilled request into ``slot``: its 2-row backbone state after ``length`` tokens, its delayed
-        codes (9, columns) written up to column ``offset``, its last column ``limit`` and settings."""
+        codes (9, columns) written up to column ``offset``, its last column ``limit`` and settings. The slot stays
+        inactive (steps leave it alone) until :meth:`activate`."""
         copy_rows(self.state, 2 * slot, staging, length)
         self.delayed[slot].fill_(UNKNOWN)
         self.delayed[slot, :, : delayed.shape[-1]].copy_(delayed)
         # One host transfer, then device-side copies (element writes from Python would each wait for the GPU).
-        ints = to_device([offset, limit, limit + 1 - offset, seed, 1, processor], torch.int64, self.offset.device)
-        for buffer, value in zip(
-            (self.offset, self.limit, self.remaining, self.seeds, self.steps, self.processor), ints
-        ):
+        ints = to_device([offset, limit, seed, 1, processor], torch.int64, self.offset.device)
+        for buffer, value in zip((self.offset, self.limit, self.seeds, self.steps, self.processor), ints):
             buffer[slot : slot + 1].copy_(value)
         self.cfg[slot : slot + 1].fill_(cfg_scale)
         self.stopping[slot : slot + 1].fill_(False)
         self.prefill_eos[slot : slot + 1].copy_((delayed[0, : offset + 1] == self.model.eos_token_id).any().view(1))
-        self.active[slot : slot + 1].fill_(True)
         self.params.set_row(slot, params)
+
+    def activate(self, index: torch.Tensor) -> None:
+        """Let the next steps run the loaded slots ``index`` (a device index): a request's slots start together,
+        when every one of them is loaded (a batched join loads them over several prefills)."""
+        self.remaining[index] = self.limit[index] + 1 - self.offset[index]
+        self.active[index] = True
 
     def release(self, slot: int) -> None:
         """Deactivate ``slot`` (a finished, stopped or cancelled request): later steps leave it alone."""

@@ -38,11 +38,20 @@ def conv_step(
     return F.silu(y).to(x.dtype)
 
 
-def conv_context(x: torch.Tensor, k: int, previous: torch.Tensor | None = None) -> torch.Tensor:
-    """The last k inputs (b, c, k) after consuming x (b, l, c), for the decode cache."""
+def conv_context(
+    x: torch.Tensor, k: int, previous: torch.Tensor | None = None, valid: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The last k inputs (b, c, k) after consuming x (b, l, c), for the decode cache.
+
+    ``valid`` (b,) on the device: row i consumed only its first ``valid[i]`` tokens of x (the rest is padding of a
+    batch of unequal lengths), so its context ends there.
+    """
     xt = x.transpose(1, 2)
-    if previous is not None:
-        xt = torch.cat([previous.to(xt.dtype), xt], dim=-1)
-    if xt.shape[-1] < k:
-        xt = F.pad(xt, (k - xt.shape[-1], 0))
-    return xt[..., -k:]
+    # Before the sequence's start (no ``previous``) the inputs are zeros, as causal_conv1d pads.
+    xt = F.pad(xt, (k, 0)) if previous is None else torch.cat([previous.to(xt.dtype), xt], dim=-1)
+    if valid is None:
+        return xt[..., -k:]
+    # Row i's context is columns end - k .. end - 1 with end = its valid tokens' end in the joined sequence.
+    end = xt.shape[-1] - x.shape[1] + valid
+    columns = end[:, None] - k + torch.arange(k, device=x.device)  # (b, k)
+    return xt.gather(2, columns[:, None, :].expand(-1, xt.shape[1], -1))

@@ -86,13 +86,18 @@ def ssd_scan(
     to_end = torch.exp(a_cum[..., -1:] - a_cum)  # (b, h, c, s)
     chunk_states = torch.einsum("bcshn,bhcs,bcshp->bchpn", Bc, to_end, X)
 
-    # Recurrence over chunk boundaries, starting from the initial state.
-    if initial_state is None:
-        initial_state = torch.zeros(b, h, p, Bc.shape[-1], dtype=cdt, device=x.device)
-    states = torch.cat([initial_state.to(cdt)[:, None], chunk_states], dim=1)  # (b, c+1, h, p, n)
-    chunk_decay = torch.exp(_segment_sum(F.pad(a_cum[..., -1], (1, 0))))  # (b, h, c+1, c+1)
-    states = torch.einsum("bhzc,bchpn->bzhpn", chunk_decay, states)
-    prev_states, final_state = states[:, :-1], states[:, -1]
+    # Recurrence over chunk boundaries, starting from the initial state, one chunk at a time: a chunk of padding
+    # (dt = 0: decay exp(0) = 1, nothing added) passes the state on bit for bit, so rows of a batch padded to a
+    # longer sequence end with exactly the state they end with alone.
+    state = torch.zeros(b, h, p, Bc.shape[-1], dtype=cdt, device=x.device)
+    if initial_state is not None:
+        state = initial_state.to(cdt)
+    chunk_decay = torch.exp(a_cum[..., -1])  # (b, h, c): decay across each whole chunk
+    entering = []
+    for c in range(n_chunks):
+        entering.append(state)
+        state = chunk_decay[:, :, c, None, None] * state + chunk_states[:, c]
+    prev_states, final_state = torch.stack(entering, dim=1), state
 
     # Contribution of the state entering each chunk: y_t += exp(a_{1..t}) C_t · state_in
     y = y + torch.einsum("bcthn,bchpn,bhct->bcthp", Cc, prev_states, torch.exp(a_cum))

@@ -201,3 +201,42 @@ def test_real_size_bf16_triton_graphed_prefill_within_bf16_noise():
             for run in (g, a):
                 err = _rel(run[key][finite], r[key][finite])
                 assert err <= 1.5 * noise + 1e-3, (key, err, noise)
+
+
+def test_real_size_bf16_ragged_graphed_prefill_matches_each_sequence_alone():
+    """The engine's batched join with every Triton op: three sequences of 121, 41 and 301 tokens and an empty
+    bucket row pair, padded to 301 (padding poisoned with large values) and run as the graphed pieces of 301 with
+    per-row lengths, leave each sequence the output at its positions, SSM and conv states and position that its
+    own graphed prefill leaves, within bf16 noise (its pieces differ: 121 = 112 + 9 alone)."""
+    from zonos_accel.triton import triton_backend
+
+    model = real_size_bf16(max_seqlen=512)
+    model.set_backend(triton_backend())
+    d = model.config.backbone.d_model
+    lengths = [n for n in (121, 41, 301, 0) for _ in range(2)]  # cond, uncond rows per sequence
+    g = torch.Generator("cuda").manual_seed(4)
+    hidden = 30 * torch.randn(8, 301, d, device="cuda", generator=g)
+    for row, n in enumerate(lengths):
+        hidden[row, :n] = torch.randn(n, d, device="cuda", generator=g)
+    hidden = hidden.to(torch.bfloat16)
+    graphs = GraphCache("cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.inference_mode(), torch.cuda.stream(side):
+        state = model.backbone.allocate_inference_state(8, model.max_seqlen)
+        out = graphs.prefill(model.backbone, hidden, state, torch.tensor(lengths, device="cuda")).float()
+        assert state.position.tolist() == lengths
+        for j, n in enumerate(lengths[::2]):
+            if not n:
+                continue
+            alone = _state(model)
+            solo = graphs.prefill(model.backbone, hidden[2 * j : 2 * j + 2, :n], alone).float()
+            assert _rel(out[2 * j : 2 * j + 2, :n], solo) < 0.02
+            for ours, theirs in zip(state.caches, alone.caches):
+                names = ("conv", "ssm") if hasattr(theirs, "ssm") else ("k", "v")
+                for name in names:
+                    a, b = getattr(ours, name)[2 * j : 2 * j + 2], getattr(theirs, name)
+                    if name in ("k", "v"):
+                        a, b = a[:, :n], b[:, :n]
+                    assert _rel(a, b) < 0.02, (j, name, _rel(a, b))
+    torch.cuda.synchronize()

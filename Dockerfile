@@ -1,11 +1,14 @@
 # Zonos streaming text-to-speech on an NVIDIA GPU: the web demo by default, or any zonos-tts command.
 #
 #   docker build -t zonos-accel .
-#   docker run --rm --gpus all -p 7860:7860 -v zonos-cache:/cache zonos-accel        # then open http://localhost:7860
-#   docker run --rm --gpus all -v zonos-cache:/cache zonos-accel zonos-tts speak "Hello from Zonos." --out - > hello.wav
+#   docker run --rm --gpus all -p 7860:7860 -v zonos-cache:/cache -v zonos-kernels:/kernels zonos-accel
+#   docker run --rm --gpus all -v zonos-cache:/cache -v zonos-kernels:/kernels zonos-accel \
+#       zonos-tts speak "Hello from Zonos." --out - > hello.wav
 #
 # The volume at /cache keeps the Hugging Face downloads (HF_HOME: a few GB for the model, the DAC codec and,
-# once a voice is cloned, the speaker model) and Triton's compiled kernels between runs. Without a GPU the
+# once a voice is cloned, the speaker model); the one at /kernels (ZONOS_KERNEL_CACHE) the compiled Triton and
+# CuTeDSL kernels, which fit only this GPU model and these library versions, so it can be dropped on its own
+# (`zonos-tts warmup` fills it ahead of the first request). Without a GPU the
 # container stops with a message saying how to pass one (--gpus all); -e ZONOS_ALLOW_CPU=1 runs on the CPU
 # anyway (slowly). The host needs the NVIDIA Container Toolkit and a driver for CUDA 12.8 (R570 or newer).
 
@@ -19,7 +22,7 @@ ENV DEBIAN_FRONTEND=noninteractive \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     GRADIO_ANALYTICS_ENABLED=False \
     HF_HOME=/cache/huggingface \
-    TRITON_CACHE_DIR=/cache/triton \
+    ZONOS_KERNEL_CACHE=/kernels \
     XDG_CACHE_HOME=/cache
 
 # espeak-ng: text to phonemes (phonemizer); ffmpeg: Gradio's audio conversions; gcc + libc6-dev: Triton compiles a
@@ -54,14 +57,14 @@ RUN pip install --constraint constraints.txt packaging wheel ninja \
     && python -c "import mamba_ssm.ops.triton.selective_state_update" \
     || echo "WARNING: mamba-ssm is not usable; Zonos will run its own kernels instead of mamba_ssm's"
 
-# Run as an unprivileged user that owns the cache volume (a named volume starts with this ownership; a bind
+# Run as an unprivileged user that owns the cache volumes (a named volume starts with this ownership; a bind
 # mount must be writable by uid 1000).
 RUN useradd --create-home --uid 1000 --shell /bin/sh zonos \
-    && mkdir -p /cache/huggingface /cache/triton \
-    && chown -R zonos:zonos /cache
+    && mkdir -p /cache/huggingface /kernels \
+    && chown -R zonos:zonos /cache /kernels
 USER 1000:1000
 WORKDIR /home/zonos
-VOLUME ["/cache"]
+VOLUME ["/cache", "/kernels"]
 
 EXPOSE 7860
 # The demo serves its page once the model is loaded and warmed up (a first start downloads the weights first);

@@ -1281,6 +1281,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     args = parse_args(argv)
     _require_gradio()
+    from zonos.utils import default_device
+
+    if (torch.device(args.device) if args.device else default_device()).type == "cuda":
+        from zonos_accel.kernel_cache import use_kernel_cache
+
+        try:
+            use_kernel_cache()  # before anything compiles: kernels kept on disk for the next start
+        except ValueError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
     loader = ModelCache(
         codec=args.codec,
         device=args.device,

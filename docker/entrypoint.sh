@@ -4,6 +4,13 @@
 # command (the image's default: the web demo).
 set -e
 
+# One kernel cache for every program in the image: the zonos-tts commands apply ZONOS_KERNEL_CACHE themselves,
+# and the compilers' own variables, set here in zonos_accel.kernel_cache's layout (a subdirectory per compiler),
+# reach the rest (the demo, one's own scripts).
+if [ -n "${ZONOS_KERNEL_CACHE:-}" ]; then
+    export TRITON_CACHE_DIR="$ZONOS_KERNEL_CACHE/triton" CUTE_DSL_CACHE_DIR="$ZONOS_KERNEL_CACHE/cutedsl"
+fi
+
 case " $* " in
 *" --help "* | *" -h "* | *" --version "*) ;; # help and version need no GPU
 *)

@@ -608,3 +608,113 @@ def test_console_script_and_version():
     assert result.stdout.split() == [zonos.__version__, "False"]  # `import zonos` stays light
     result = subprocess.run([sys.executable, "-m", "zonos", "--version"], capture_output=True, text=True, cwd=ROOT)
     assert result.returncode == 0 and result.stdout.strip() == f"zonos-tts {zonos.__version__}"
+
+
+# ------------------------------------------------------------------------------------------- warmup
+
+
+def test_warmup_on_the_cpu_has_nothing_to_compile(dirs, tmp_path, capsys):
+    model_dir, codec_dir = dirs
+    argv = ["warmup", "--model", str(model_dir), "--codec", str(codec_dir), "--device", "cpu", "--no-progress"]
+    code, out, err = run([*argv, "--kernel-cache", str(tmp_path / "kernels")], capsys)
+    assert code == 0 and out == b"", err
+    assert f"loaded {model_dir} on cpu" in err  # the model loads (a setup step also downloads it)
+    assert "nothing to compile on cpu" in err and str(tmp_path / "kernels") in err
+    assert not (tmp_path / "kernels").exists()  # nothing is written where nothing compiles
+
+
+class _FakeCudaModel:
+    """What ``warmup`` calls on a CUDA model, recorded."""
+
+    def __init__(self):
+        self.calls = []
+        self.engine = types.SimpleNamespace(slots=types.SimpleNamespace(count=4))
+
+    def start_engine(self, slots):
+        self.calls.append(("start_engine", slots))
+        self.engine.slots.count = slots
+
+    def warmup(self, **kwargs):
+        self.calls.append(("warmup", kwargs))
+        return 1.0
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    """``warmup`` sees a CUDA device, a fake model, and a kernel cache that is resolved but not applied (applying
+    sets this process's compiler variables; tests/test_kernel_cache.py covers it in fresh processes)."""
+    from zonos.cli import warmup
+    from zonos_accel import kernel_cache
+
+    model, chosen = _FakeCudaModel(), []
+    monkeypatch.setattr(warmup, "check_device", lambda spec, args: torch.device("cuda"))
+    monkeypatch.setattr(warmup, "load_model", lambda args, device: model)
+
+    def use(path=None):
+        chosen.append(path)
+        return kernel_cache.kernel_cache_dirs(path)
+
+    monkeypatch.setattr(kernel_cache, "use_kernel_cache", use)
+    return model, chosen
+
+
+def test_warmup_on_cuda_compiles_every_prefill_length_and_names_the_cache(dirs, fake_cuda, tmp_path, capsys):
+    model_dir, codec_dir = dirs
+    model, chosen = fake_cuda
+    argv = ["warmup", "--model", str(model_dir), "--codec", str(codec_dir), "--streams", "8", "--min-p", "0"]
+    code, out, err = run([*argv, "--cfg-scale", "1.5", "--kernel-cache", str(tmp_path), "--no-progress"], capsys)
+    assert code == 0, err
+    assert chosen == [str(tmp_path)]  # chosen before the model loads
+    assert model.calls == [
+        ("start_engine", 8),  # 8 streams need 8 slots
+        (
+            "warmup",
+            dict(
+                cfg_scale=1.5, sampling_params={"min_p": 0.0}, streams=8, all_prefill_lengths=True, progress_bar=False
+            ),
+        ),
+    ]
+    assert re.search(rf"warmed up in \d+\.\d s; the compiled kernels are kept in {re.escape(str(tmp_path))}$", err)
+
+
+def _refuse_to_load(args, device):
+    raise AssertionError("a model was loaded for bad input")
+
+
+def test_warmup_refuses_an_unwritable_kernel_cache_before_loading(dirs, monkeypatch, tmp_path, capsys):
+    from zonos.cli import warmup
+    from zonos_accel import kernel_cache
+
+    monkeypatch.setattr(warmup, "check_device", lambda spec, args: torch.device("cuda"))
+    monkeypatch.setattr(warmup, "load_model", _refuse_to_load)
+    monkeypatch.setattr(kernel_cache, "_applied", None)
+    (tmp_path / "file").write_text("")
+    model_dir, codec_dir = dirs
+    argv = ["warmup", "--model", str(model_dir), "--codec", str(codec_dir), "--kernel-cache", str(tmp_path / "file")]
+    code, _, err = run(argv, capsys)
+    assert code == 2
+    line = one_line_error(err)
+    assert f"cannot write compiled kernels into {tmp_path / 'file' / 'triton'}" in line and "ZONOS_KERNEL_CACHE" in line
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [(["--streams", "0"], "--streams must be at least 1"), (["--min-p", "2"], "must be in [0, 1]")],
+)
+def test_bad_warmup_input_is_one_line_before_loading(flags, message, monkeypatch, capsys):
+    from zonos.cli import warmup
+
+    monkeypatch.setattr(warmup, "load_model", _refuse_to_load)
+    code, _, err = run(["warmup", *flags], capsys)
+    assert code == 2 and message in one_line_error(err)
+
+
+def test_warmup_help_covers_every_flag(capsys):
+    from zonos.cli import warmup
+
+    code, data, _ = run(["warmup", "--help"], capsys)
+    assert code == 0 and "--kernel-cache DIR" in data.decode()
+    for action in warmup.build_parser("p")._actions:
+        assert action.help, f"warmup {action.option_strings or action.dest} has no help"
+    code, data, _ = run(["--help"], capsys)
+    assert code == 0 and "warmup" in data.decode()

@@ -650,8 +650,9 @@ class Zonos(UsesOps, nn.Module):
                     for handle in handles:  # the engine runs them all while the first is read
                         for chunk in handle:
                             bar.update((chunk.frames[1] - chunk.frames[0]) * batch_size)
-        if all_prefill_lengths:
-            engine.prepare_prefill()
+            if all_prefill_lengths:
+                bar.set_description("Capturing every prefill length")
+                engine.prepare_prefill()
         return time.perf_counter() - start
 
 

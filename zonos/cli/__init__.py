@@ -1,5 +1,6 @@
 """The ``zonos-tts`` command line: ``speak`` (text to an audio file or stdout), ``voice`` (a clip to a saved
-speaker embedding), ``bench`` (time to first audio, real-time factor and step time here), ``demo`` and ``serve``.
+speaker embedding), ``bench`` (time to first audio, real-time factor and step time here), ``warmup`` (compile
+the GPU kernels into the kernel cache now), ``demo`` and ``serve``.
 
 Every argument is checked before a model loads: a bad one prints one ``error: ...`` line and exits with
 status 2, and so does a :class:`zonos.errors.ZonosInputError` (any ``ValueError``) raised after loading.
@@ -8,10 +9,10 @@ failure never leaves a partial file. A write that fails (a full disk, standard o
 prints one ``error:`` line and exits with status 1. Status lines go to stderr; stdout carries only audio
 (``--out -``) or the ``bench`` table.
 
-One module per subcommand (:mod:`~zonos.cli.speak`, :mod:`~zonos.cli.voice`, :mod:`~zonos.cli.bench`; ``serve``
-is :mod:`zonos.serve.command`); :mod:`~zonos.cli.common` holds what they and ``serve`` share (parser, model
-flags and loader, errors, the run wrapper), :mod:`~zonos.cli.generation` the generation flags of ``speak`` and
-``bench``, :mod:`~zonos.cli.output` the audio outputs.
+One module per subcommand (:mod:`~zonos.cli.speak`, :mod:`~zonos.cli.voice`, :mod:`~zonos.cli.bench`,
+:mod:`~zonos.cli.warmup`; ``serve`` is :mod:`zonos.serve.command`); :mod:`~zonos.cli.common` holds what they and
+``serve`` share (parser, model flags and loader, errors, the run wrapper), :mod:`~zonos.cli.generation` the
+generation flags of ``speak`` and ``bench``, :mod:`~zonos.cli.output` the audio outputs.
 """
 
 from __future__ import annotations
@@ -26,13 +27,15 @@ from zonos.cli.bench import bench_main
 from zonos.cli.common import Parser, log
 from zonos.cli.speak import speak_main
 from zonos.cli.voice import voice_main
+from zonos.cli.warmup import warmup_main
 
-__all__ = ["bench_main", "demo_main", "main", "speak_main", "voice_main"]
+__all__ = ["bench_main", "demo_main", "main", "speak_main", "voice_main", "warmup_main"]
 
 _COMMANDS = {
     "speak": "speak text into an audio file or stdout",
     "voice": "turn a voice clip into a speaker-embedding file",
     "bench": "measure time to first audio, real-time factor and step time here",
+    "warmup": "compile the GPU kernels into the kernel cache now, so later runs here start without compiling",
     "demo": "serve the streaming web demo (arguments go to gradio_interface; see `zonos-tts demo --help`)",
     "serve": "serve OpenAI-compatible streaming speech over HTTP (needs the server extra)",
 }
@@ -73,7 +76,14 @@ def _serve_main(argv: Sequence[str] | None = None, prog: str = "zonos-tts serve"
 def main(argv: Sequence[str] | None = None) -> int:
     """The ``zonos-tts`` console script; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    commands = {"speak": speak_main, "voice": voice_main, "bench": bench_main, "demo": demo_main, "serve": _serve_main}
+    commands = {
+        "speak": speak_main,
+        "voice": voice_main,
+        "bench": bench_main,
+        "warmup": warmup_main,
+        "demo": demo_main,
+        "serve": _serve_main,
+    }
     if argv and argv[0] in commands:
         return commands[argv[0]](argv[1:]) if argv[0] == "demo" else commands[argv[0]](argv[1:], f"zonos-tts {argv[0]}")
     _top_parser().parse_args(argv)  # prints help, the version, or an error for an unknown command

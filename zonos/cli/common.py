@@ -107,6 +107,13 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="use the torch reference ops instead of the Triton kernels (on by default on CUDA when installed)",
     )
+    p.add_argument(
+        "--kernel-cache",
+        metavar="DIR",
+        default=None,
+        help="on CUDA: keep the compiled Triton and CuTeDSL kernels in DIR, so that later runs load them instead of "
+        "compiling (default: $ZONOS_KERNEL_CACHE, else $XDG_CACHE_HOME/zonos/kernels, i.e. ~/.cache/zonos/kernels)",
+    )
     p.add_argument("--no-progress", action="store_true", help="hide the progress bars")
 
 
@@ -201,10 +208,15 @@ def check_clip(path: str, flag: str) -> None:
 
 
 def load_model(args: argparse.Namespace, device):
-    """The Zonos model and codec named by ``args`` on ``device``, with the accelerator flags applied."""
+    """The Zonos model and codec named by ``args`` on ``device``, with the accelerator flags applied; on CUDA the
+    kernel cache (``--kernel-cache``) is chosen first, before anything compiles or imports CuTeDSL."""
     from zonos.codec import DACAutoencoder
     from zonos.model import Zonos
 
+    if device.type == "cuda":
+        from zonos_accel.kernel_cache import use_kernel_cache
+
+        use_kernel_cache(getattr(args, "kernel_cache", None))
     t0 = time.perf_counter()
     codec = DACAutoencoder.from_pretrained(args.codec, device=device)
     model = Zonos.from_pretrained(

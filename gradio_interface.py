@@ -2,13 +2,14 @@
 """A streaming web demo for Zonos text-to-speech: Gradio controls, raw PCM to the browser, Web Audio playback.
 
 Generate does not go through Gradio's audio component (ffmpeg, AAC and HLS segments added 1.5 s before the
-first sound). The page's script (:data:`PLAYER_JS`) posts the controls' values to ``POST
-/zonos/stream``, a route mounted beside the Gradio app; the route answers with a stream of frames, float32
-PCM as each :class:`zonos.streaming.AudioChunk` of ``Zonos.generate(..., stream=True)`` arrives, and the
-script schedules every chunk on an ``AudioContext`` at once. The page shows the latency it measured (click
-to first sample scheduled) beside the server's time to first audio. The same inputs, with named parameters,
-are the Gradio API endpoint ``/synthesize``, which returns the whole utterance as a wav file (so
-``gradio_client`` gets audio back).
+first sound). The page's script (``zonos/demo_static/player.js``, served at ``zonos/player.js``) posts the
+controls' values to ``POST /zonos/stream``, a route mounted beside the Gradio app; the route answers with a
+stream of frames, float32 PCM as each :class:`zonos.streaming.AudioChunk` arrives, and the script schedules
+every chunk on an ``AudioContext`` at once. The page shows the latency it measured (click to first sample
+scheduled) beside the server's time to first audio. Text longer than one segment is split as ``zonos-tts
+speak`` splits it (:func:`zonos.conditioning.segments.split_text`) and spoken as one utterance
+(:func:`zonos.longform.speak_segments`). The same inputs, with named parameters, are the Gradio API endpoint
+``/synthesize``, which returns the whole utterance as a wav file (so ``gradio_client`` gets audio back).
 
 Example:
     pip install -e '.[demo]'          # also needs espeak-ng from the system's package manager
@@ -22,7 +23,9 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import importlib.resources
 import inspect
+import io
 import json
 import math
 import os
@@ -31,6 +34,7 @@ import struct
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -47,7 +51,9 @@ except ImportError:  # pragma: no cover - exercised only without the demo extra
 from zonos.audio import MAX_PREFIX_SECONDS
 from zonos.conditioning import make_cond_dict, normalize_language, supported_language_codes
 from zonos.conditioning.phonemes import MAX_TEXT_CHARS
+from zonos.conditioning.segments import DEFAULT_MAX_CHARS, split_text
 from zonos.errors import EngineFullError, ZonosInputError
+from zonos.longform import longform_budget, segment_budget, speak_segments
 from zonos.model import DEFAULT_CHUNK_FRAMES, DEFAULT_FIRST_CHUNK_FRAMES, Zonos
 from zonos.utils import HelpFormatter
 from zonos.validation import describe
@@ -62,6 +68,7 @@ __all__ = [
     "SynthesisRequest",
     "build_app",
     "build_demo",
+    "check_uploaded",
     "decode_frames",
     "encode_frame",
     "synthesis_events",
@@ -88,16 +95,37 @@ EMOTIONS: tuple[tuple[str, float], ...] = (
 UNCONDITIONAL_CHOICES = ("speaker", "emotion", "vqscore_8", "fmax", "pitch_std", "speaking_rate", "dnsmos_ovrl")
 DEFAULT_UNCONDITIONAL = ("emotion",)
 DEFAULT_TEXT = "Zonos uses eSpeak for text to phoneme conversion!"
+# (text, language code) under the text box; the long one shows text split into segments and spoken as one.
+EXAMPLES: tuple[tuple[str, str], ...] = (
+    (DEFAULT_TEXT, "en-us"),
+    ("Good morning! The first words play while the rest of this sentence is still being generated.", "en-us"),
+    (
+        "Long text is split at sentence ends into segments of a few hundred characters. Each segment continues "
+        "the audio of the one before it, so the voice, the pace and the room sound stay the same from start to "
+        "finish. You hear the first sentence within a moment, while later ones are still being written. A "
+        "progress bar under the buttons shows how far along the request is, and the status line says when a "
+        "segment ran out of frames before the model finished it. Press Stop at any time: the model is free for "
+        "the next request straight away.",
+        "en-us",
+    ),
+    ("Guten Tag! Dieser Satz wird auf Deutsch gesprochen.", "de"),
+    ("Bonjour à tous, et merci d'avoir essayé cette démonstration.", "fr-fr"),
+    ("こんにちは。今日はとても良い天気ですね。", "ja"),
+)
 MIN_SPEAKER_SECONDS = 0.5  # the speaker embedding's minimum; several seconds of clean speech work best
 SILENT_RMS = 1e-4  # -80 dBFS: nothing to take a voice from
 MAX_REQUEST_BYTES = 64 * 1024  # a stream request's JSON: MAX_TEXT_CHARS of UTF-8 and the controls fit in 20 KB
+MAX_API_BODY_BYTES = 1024 * 1024  # a Gradio API call's JSON (uploads are multipart and not read as JSON)
 MAX_UPLOAD_BYTES = 50 * 1024 * 1024  # Gradio refuses larger uploads (a 30 s float32 stereo wav at 48 kHz is 11 MB)
-LOCK_TIMEOUT_S = 300.0  # how long a request waits for the previous one to release the model
+LOCK_TIMEOUT_S = 300.0  # how long a request waits in line for the model
+CANCEL_POLL_S = 0.05  # how often a request waiting in line looks whether its client has gone
 FIRST_SEND_WAIT_S = 0.25  # the most the decode loop waits for the route to write the first chunk
 MAX_SEED = 2**32 - 1
+FRAME_SECONDS = 512 / 44100  # one code frame: the codec's hop of 512 samples at 44.1 kHz
 
 # The stream's framing: a little-endian (kind, payload bytes) header, then the payload. An event's payload is a
-# UTF-8 JSON object with an "event" key (start, first_audio, done, error); a PCM payload is float32 samples.
+# UTF-8 JSON object with an "event" key (queued, start, first_audio, progress, done, error); a PCM payload is
+# float32 samples.
 FRAME_HEADER = struct.Struct("<II")
 FRAME_EVENT = 1
 FRAME_PCM = 2
@@ -105,10 +133,90 @@ FRAME_PCM = 2
 ModelLoader = Callable[[str], Zonos]
 """Returns the loaded model for a name from the model dropdown (a Hub id or a local directory)."""
 
-# One generation at a time per process: the model keeps a single set of decode caches and one streaming
-# vocoder. A plain Lock (not an RLock): the stream route's worker thread releases what it acquired, and a
-# closed request must never leave it held.
-_generation_lock = threading.Lock()
+PLAYER_JS_PATH = importlib.resources.files("zonos") / "demo_static" / "player.js"
+"""The page's player script (package data of ``zonos``, so an installed wheel has it)."""
+
+
+class _Turn:
+    """One request's place in a :class:`_Line`."""
+
+    def __init__(self, line: _Line) -> None:
+        self._line = line
+        self.held = False
+
+    def wait(self, timeout: float, cancel: threading.Event | None = None) -> Iterator[int]:
+        """Wait for the model; yields how many requests are ahead of this one each time that number changes
+        (never when the model is free at once). Afterwards :attr:`held` says whether this request holds the
+        model; it does not when ``timeout`` seconds passed or ``cancel`` was set first, and it has left the line."""
+        deadline = time.monotonic() + timeout
+        told = 0
+        cond, line = self._line.cond, self._line.turns
+        while True:
+            with cond:
+                while True:
+                    ahead = line.index(self)
+                    if ahead == 0:
+                        self.held = True
+                        return
+                    left = deadline - time.monotonic()
+                    if left <= 0 or (cancel is not None and cancel.is_set()):
+                        line.remove(self)
+                        cond.notify_all()
+                        return
+                    if ahead != told:
+                        break  # yielded outside the lock: the caller may take its time with the number
+                    cond.wait(left if cancel is None else min(left, CANCEL_POLL_S))
+            told = ahead
+            yield ahead
+
+    def leave(self) -> None:
+        """Release the model, or leave the line (idempotent)."""
+        with self._line.cond:
+            if self in self._line.turns:
+                self._line.turns.remove(self)
+                self._line.cond.notify_all()
+        self.held = False
+
+
+class _Line:
+    """One generation at a time, first come first served, with each waiting request's place in line: the model
+    keeps one set of decode caches and one streaming vocoder for the demo. A request :meth:`join` s the line and
+    waits for its :class:`_Turn`; a closed request leaves it at once, so the next one does not wait for it.
+    ``acquire`` and ``release`` make it a plain lock for other work on the model (switching accelerators)."""
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.turns: list[_Turn] = []  # the first holds the model
+
+    def join(self) -> _Turn:
+        turn = _Turn(self)
+        with self.cond:
+            self.turns.append(turn)
+        return turn
+
+    def acquire(self, timeout: float) -> bool:
+        turn = self.join()
+        for _ in turn.wait(timeout):
+            pass
+        return turn.held
+
+    def release(self) -> None:
+        with self.cond:
+            self.turns.pop(0)
+            self.cond.notify_all()
+
+    def locked(self) -> bool:
+        """Whether a request holds the model (or waits for it)."""
+        with self.cond:
+            return bool(self.turns)
+
+    def waiting(self) -> int:
+        """Requests in line behind the one that holds the model."""
+        with self.cond:
+            return max(0, len(self.turns) - 1)
+
+
+_generation_lock = _Line()
 _upload_cache: dict[tuple, torch.Tensor] = {}  # the last clips' embedding / codes, keyed by kind, model, file
 
 
@@ -233,22 +341,45 @@ def _coerce(name: str, value: Any, default: Any) -> Any:
 # -------------------------------------------------------------------------------------------- uploaded clips
 
 
+def check_uploaded(path: str, what: str = "clip") -> None:
+    """Refuse ``path`` unless it is a file uploaded to this app (in Gradio's upload folder): a request must not
+    make the server read, cache or serve any other file it can read. The one check of both the stream route and
+    the Gradio API (:class:`_UploadsOnly`); its message names no server path.
+
+    Raises:
+        ZonosInputError: ``path`` is outside the upload folder (or not a path at all).
+    """
+    folder = Path(_require_gradio().utils.get_upload_folder()).resolve()
+    try:
+        inside = Path(path).resolve().is_relative_to(folder)
+    except (OSError, TypeError, ValueError):  # not a string, a NUL byte, a loop of links
+        inside = False
+    if not inside:
+        raise ZonosInputError(
+            f"The {what} is not a file uploaded to this demo; upload it on the page (or with gradio_client's "
+            "handle_file) and pass the path the upload returned."
+        )
+
+
 def _upload_key(kind: str, model: Zonos, path: str) -> tuple:
     try:
         stat = os.stat(path)
-    except OSError as e:
-        raise ZonosInputError(f"Could not read the {kind} audio ({e}). Upload the clip again.") from e
+    except OSError as e:  # its strerror only: the message names no server path
+        raise ZonosInputError(f"Could not read the {kind} audio ({e.strerror}); upload the clip again.") from None
     return (kind, id(model), path, stat.st_size, stat.st_mtime_ns)
 
 
 def _read_clip(kind: str, path: str, max_seconds: float) -> tuple[torch.Tensor, int]:
     """The clip's first ``max_seconds`` (a small upload can decode to hours), checked for a usable sample rate
-    and finite samples."""
+    and finite samples. Read from memory, so the messages name the clip, not its path on the server."""
     from zonos.audio import load_audio
 
     try:
-        wav, sr = load_audio(path, max_seconds=max_seconds)
-    except (OSError, ValueError) as e:
+        data = Path(path).read_bytes()
+        wav, sr = load_audio(io.BytesIO(data), max_seconds=max_seconds, name="the file")
+    except OSError as e:
+        raise ZonosInputError(f"Could not read the {kind} audio ({e.strerror}); upload the clip again.") from None
+    except ValueError as e:
         raise ZonosInputError(f"Could not read the {kind} audio: {e}") from e
     if not bool(torch.isfinite(wav).all()):
         raise ZonosInputError(f"The {kind} audio contains invalid (NaN or infinite) samples; export it again.")
@@ -319,24 +450,156 @@ def synthesis_events(
 ) -> Iterator[dict[str, Any] | np.ndarray]:
     """Speak one request; yields event dicts and float32 audio chunks (1-D numpy, the model's sample rate).
 
-    The events, in order: ``start`` (seed, sample rate, device, prefix frames, conditioning time) once it is
-    checked and conditioned; ``first_audio`` (server time to first audio from ``t_request``, a
-    ``time.perf_counter()`` value, default now; and ``t_wall_ms``) just before the first chunk; ``done`` at
-    the end (samples, seconds, elapsed, real-time factor, ``stopped``, and ``t_end_wall_ms``). The wall-clock
-    times compare with the browser's clock. Setting ``cancel`` stops generation after the current decode
-    step: the stream ends with ``done`` and ``stopped`` true. Closing the iterator early also stops it; either
-    way the model is ready for the next request.
+    The text is split as ``zonos-tts speak`` splits it (:func:`~zonos.conditioning.segments.split_text`, at most
+    :data:`~zonos.conditioning.segments.DEFAULT_MAX_CHARS` characters a segment). One segment is one streamed
+    ``generate`` with at most the frames :func:`~zonos.longform.segment_budget` leaves it; several are one
+    utterance of :func:`~zonos.longform.speak_segments`, each segment given the frames
+    :func:`~zonos.longform.longform_budget` guarantees. Both budgets are at most ``max_new_tokens``.
+
+    The events, in order: ``queued`` (``ahead``: the requests before this one) whenever its place in line changes
+    while other requests hold the model; ``start`` (seed, sample rate, device, prefix frames, ``segments``, the
+    frame ``budget`` of each, conditioning time) once it is checked and conditioned; ``first_audio`` (server time
+    to first audio from ``t_request``, a ``time.perf_counter()`` value, default now; and ``t_wall_ms``) just
+    before the first chunk; ``progress`` after each chunk (``segment`` from 1 of ``segments``, and ``fraction``
+    of the most frames the request may take); ``done`` at the end (samples, seconds, elapsed, real-time factor,
+    ``stopped``; ``cut_off``, the segments from 1 that stopped at their budget before the model ended them, and
+    ``warning``, the sentence saying so or None; ``t_end_wall_ms``). The wall-clock times compare with the
+    browser's clock. Setting ``cancel`` takes a waiting request out of line (the stream ends with no event) and
+    stops a running one after the current decode step (one segment) or chunk (several): the stream ends with
+    ``done`` and ``stopped`` true. Closing the iterator early also stops it; either way the model is ready for
+    the next request.
 
     Raises:
         ZonosInputError: bad input (before the ``start`` event; a length past ``max_seqlen`` after it), with
             the message to show.
-        EngineFullError: another request held the model for LOCK_TIMEOUT_S.
+        EngineFullError: the request waited LOCK_TIMEOUT_S in line.
     """
     t_request = time.perf_counter() if t_request is None else t_request
     cancel = cancel or threading.Event()
+    segments, language, seed, name = _check_request(request, model_names)
+    turn = _generation_lock.join()
+    try:
+        for ahead in turn.wait(LOCK_TIMEOUT_S, cancel):
+            yield {"event": "queued", "ahead": ahead}
+        if not turn.held:
+            if cancel.is_set():
+                return  # its client went away while it waited
+            raise EngineFullError(
+                f"The model was busy with other requests for {LOCK_TIMEOUT_S:.0f} s; try again in a moment."
+            )
+        try:
+            model = model_loader(name)
+        except (OSError, ValueError, RuntimeError) as e:
+            raise ZonosInputError(f"Could not load the model {name!r}: {e}") from e
+        cond, prefix_codes = _conditioning(model, request, language)
+        prefix_frames = 0 if prefix_codes is None else prefix_codes.shape[-1]
+        ended: list[int] = []  # the frames each finished segment took
+        settings = dict(
+            cfg_scale=request.cfg_scale,
+            sampling_params=request.sampling_params(),
+            progress_bar=False,
+            generator=torch.Generator(device=model.device).manual_seed(seed),
+            first_chunk_frames=first_chunk_frames,
+            chunk_frames=chunk_frames,
+        )
+        try:
+            if len(segments) == 1:
+                prefix = model.prepare_conditioning(make_cond_dict(text=segments[0], **cond))
+                budget = _segment_budget(model, prefix.shape[1], prefix_frames, request.max_new_tokens)
+                stream = model.generate(
+                    prefix,
+                    audio_prefix_codes=prefix_codes,
+                    max_new_tokens=budget,
+                    callback=lambda *_: not cancel.is_set(),
+                    stream=True,
+                    **settings,
+                )
+            else:
+                budget = longform_budget(model, segments, language, request.max_new_tokens)
+                stream = speak_segments(
+                    model,
+                    segments,
+                    cond=cond,
+                    stream=True,
+                    on_segment=lambda index, frames, most: ended.append(frames),
+                    max_new_tokens=budget,
+                    **settings,
+                )
+        except ValueError as e:  # e.g. all-zero emotions, or settings generate rejects
+            raise ZonosInputError(str(e)) from e
+        sr = model.autoencoder.sampling_rate
+        t_start = time.perf_counter()
+        yield {
+            "event": "start",
+            "seed": seed,
+            "sample_rate": sr,
+            "device": str(model.device),
+            "prefix_frames": prefix_frames,
+            "segments": len(segments),
+            "budget": budget,
+            "conditioning_ms": round(1000 * (t_start - t_request), 1),
+        }
+        samples = frames = 0
+        try:
+            for chunk in stream:
+                frames = chunk.frames[1]
+                audio = chunk.audio[0, 0].detach().float().cpu().numpy()
+                if audio.size:
+                    if samples == 0:
+                        now = time.perf_counter()
+                        yield {
+                            "event": "first_audio",
+                            "ttfa_ms": round(1000 * (now - t_request), 1),
+                            "generation_ms": round(1000 * (now - t_start), 1),
+                            "t_wall_ms": time.time() * 1000,
+                        }
+                    samples += audio.size
+                    yield audio
+                done_frames = max(0, frames - (prefix_frames if len(segments) == 1 else sum(ended)))
+                yield {
+                    "event": "progress",
+                    "segment": len(ended) + 1,
+                    "segments": len(segments),
+                    "fraction": (len(ended) + min(1.0, done_frames / budget)) / len(segments),
+                }
+                if cancel.is_set():
+                    break  # speak_segments takes no callback: a cancel ends it here, at a chunk
+        except ValueError as e:  # checks the decode loop makes when it starts
+            raise ZonosInputError(str(e)) from e
+        finally:
+            stream.close()  # a cancelled request stops generating here and resets the streaming vocoder
+        stopped = cancel.is_set()
+        if len(segments) == 1:
+            ended = [frames - prefix_frames]
+        cut = [] if stopped else [k + 1 for k, taken in enumerate(ended) if taken >= budget]
+        elapsed = time.perf_counter() - t_start
+        yield {
+            "event": "done",
+            "samples": samples,
+            "seconds": samples / sr,
+            "elapsed_s": elapsed,
+            "rtf": samples / sr / max(elapsed, 1e-9),
+            "stopped": stopped,
+            "cut_off": cut,
+            "warning": _cut_off_warning(cut, len(segments), budget, request.max_new_tokens, prefix_frames),
+            "seed": seed,
+            "t_end_wall_ms": time.time() * 1000,
+        }
+    finally:
+        turn.leave()
+
+
+def _check_request(request: SynthesisRequest, model_names: Sequence[str]) -> tuple[list[str], str, int, str]:
+    """What is checked before a request joins the line: its (segments, language, seed, model name)."""
     text = request.text
     if not text.strip():
         raise ZonosInputError("The text is empty: type the sentence to speak.")
+    if len(text) > MAX_TEXT_CHARS:
+        raise ZonosInputError(
+            f"The text is {len(text):,} characters; the demo speaks at most {MAX_TEXT_CHARS:,} a request. Split it "
+            "and generate the parts one after another."
+        )
+    segments = split_text(text)
     try:
         language = normalize_language(request.language or "")
     except ValueError as e:
@@ -351,102 +614,83 @@ def synthesis_events(
     name = request.model_name or model_names[0]
     if name not in model_names:
         raise ZonosInputError(f"Unknown model {name!r}; this demo serves {list(model_names)}.")
+    if request.prefix_audio and len(segments) > 1:
+        raise ZonosInputError(
+            f"A prefix clip is continued by one segment of text (at most {DEFAULT_MAX_CHARS} characters); this "
+            f"text is {len(segments)} segments. Shorten the text, or clear the prefix audio to speak all of it."
+        )
+    return segments, language, seed, name
 
-    if not _generation_lock.acquire(timeout=LOCK_TIMEOUT_S):
-        raise EngineFullError("The model is busy with another request; try again in a moment.")
+
+def _conditioning(model: Zonos, request: SynthesisRequest, language: str) -> tuple[dict, torch.Tensor | None]:
+    """``make_cond_dict``'s arguments but the text, and the prefix clip's codes (None without one)."""
+    unconditional = list(request.unconditional_keys)
+    use_speaker = request.speaker_audio and "speaker" not in unconditional
+    speaker = _speaker_embedding(model, request.speaker_audio) if use_speaker else None
+    prefix_codes = _prefix_codes(model, request.prefix_audio) if request.prefix_audio else None
+    cond = dict(
+        language=language,
+        speaker=speaker,
+        emotion=request.emotion(),
+        fmax=request.fmax,
+        pitch_std=request.pitch_std,
+        speaking_rate=request.speaking_rate,
+        vqscore_8=[request.vq_score] * 8,
+        dnsmos_ovrl=request.dnsmos_ovrl,
+        speaker_noised=request.speaker_noised,
+        unconditional_keys=unconditional,
+        device=model.device,
+    )
+    return cond, prefix_codes
+
+
+def _segment_budget(model: Zonos, prefix_length: int, prefix_frames: int, max_new_tokens: int) -> int:
+    """The frames one segment may take after its prefix and the prefix clip's frames. (A text too long on its own
+    was refused by ``prepare_conditioning``; what is left to refuse here is a text and a clip too long together.)"""
+    max_seqlen = model.engine.max_seqlen
     try:
-        try:
-            model = model_loader(name)
-        except (OSError, ValueError, RuntimeError) as e:
-            raise ZonosInputError(f"Could not load the model {name!r}: {e}") from e
-        unconditional = list(request.unconditional_keys)
-        use_speaker = request.speaker_audio and "speaker" not in unconditional
-        speaker = _speaker_embedding(model, request.speaker_audio) if use_speaker else None
-        prefix_codes = _prefix_codes(model, request.prefix_audio) if request.prefix_audio else None
-        try:
-            cond = make_cond_dict(
-                text=text,
-                language=language,
-                speaker=speaker,
-                emotion=request.emotion(),
-                fmax=request.fmax,
-                pitch_std=request.pitch_std,
-                speaking_rate=request.speaking_rate,
-                vqscore_8=[request.vq_score] * 8,
-                dnsmos_ovrl=request.dnsmos_ovrl,
-                speaker_noised=request.speaker_noised,
-                unconditional_keys=unconditional,
-                device=model.device,
-            )
-            stream = model.generate(
-                model.prepare_conditioning(cond),
-                audio_prefix_codes=prefix_codes,
-                max_new_tokens=request.max_new_tokens,
-                cfg_scale=request.cfg_scale,
-                sampling_params=request.sampling_params(),
-                progress_bar=False,
-                callback=lambda *_: not cancel.is_set(),
-                generator=torch.Generator(device=model.device).manual_seed(seed),
-                stream=True,
-                first_chunk_frames=first_chunk_frames,
-                chunk_frames=chunk_frames,
-            )
-        except ValueError as e:  # e.g. all-zero emotions, or settings generate rejects
-            raise ZonosInputError(str(e)) from e
-        sr = model.autoencoder.sampling_rate
-        t_start = time.perf_counter()
-        yield {
-            "event": "start",
-            "seed": seed,
-            "sample_rate": sr,
-            "device": str(model.device),
-            "prefix_frames": 0 if prefix_codes is None else prefix_codes.shape[-1],
-            "conditioning_ms": round(1000 * (t_start - t_request), 1),
-        }
-        samples = 0
-        try:
-            for chunk in stream:
-                audio = chunk.audio[0, 0].detach().float().cpu().numpy()
-                if audio.size == 0:
-                    continue
-                if samples == 0:
-                    now = time.perf_counter()
-                    yield {
-                        "event": "first_audio",
-                        "ttfa_ms": round(1000 * (now - t_request), 1),
-                        "generation_ms": round(1000 * (now - t_start), 1),
-                        "t_wall_ms": time.time() * 1000,
-                    }
-                samples += audio.size
-                yield audio
-        except ValueError as e:  # checks the decode loop makes when it starts, e.g. the length limit
-            raise ZonosInputError(str(e)) from e
-        finally:
-            stream.close()  # a cancelled request stops generating here and resets the streaming vocoder
-        elapsed = time.perf_counter() - t_start
-        yield {
-            "event": "done",
-            "samples": samples,
-            "seconds": samples / sr,
-            "elapsed_s": elapsed,
-            "rtf": samples / sr / max(elapsed, 1e-9),
-            "stopped": cancel.is_set(),
-            "seed": seed,
-            "t_end_wall_ms": time.time() * 1000,
-        }
-    finally:
-        _generation_lock.release()
+        return segment_budget(max_seqlen, prefix_length, prefix_frames, max_new_tokens=max_new_tokens)
+    except ZonosInputError:
+        raise ZonosInputError(
+            f"The text takes {prefix_length} of the model's {max_seqlen} positions and the prefix audio "
+            f"{prefix_frames}, which leaves no room for new audio: use a shorter prefix clip or shorter text."
+        ) from None
+
+
+def _cut_off_warning(cut: list[int], segments: int, budget: int, asked: int, prefix_frames: int) -> str | None:
+    """The page's sentence for segments ``cut`` (from 1) that stopped at their ``budget`` of frames before the
+    model ended them (``asked``: the request's max_new_tokens); None when none did."""
+    if not cut:
+        return None
+    if segments == 1:
+        where, them = "the text", "it"
+    elif len(cut) == segments:
+        where, them = f"every segment of {segments}", "them"
+    else:
+        numbers = ", ".join(map(str, cut))
+        where, them = (f"segment {numbers}", "it") if len(cut) == 1 else (f"segments {numbers}", "them")
+        where += f" of {segments}"
+    seconds = budget * FRAME_SECONDS
+    if budget < asked:
+        limit = f"the {budget} frames ({seconds:.1f} s) the model's positions leave {'it' if segments == 1 else 'each'}"
+        fix = "use a shorter prefix clip" if prefix_frames else "raise the Speaking rate or generate the text in parts"
+    else:
+        limit = f"Max new tokens ({budget} frames, {seconds:.1f} s)"
+        fix = "raise Max new tokens (under Sampling) or try another seed"
+    return f"{where} reached {limit} before the model ended {them}, so the audio may stop early; {fix}."
 
 
 def synthesize_audio(
     model_loader: ModelLoader,
     model_names: Sequence[str],
     request: SynthesisRequest,
+    cancel: threading.Event | None = None,
     **schedule: int,
 ) -> tuple[tuple[int, np.ndarray], dict[str, Any]]:
-    """The whole utterance: ``((sample_rate, int16 samples), done event)`` (what the Gradio API returns)."""
+    """The whole utterance: ``((sample_rate, int16 samples), done event)`` (what the Gradio API returns);
+    ``cancel`` as :func:`synthesis_events` takes it."""
     sr, pieces, done = 0, [], {}
-    for item in synthesis_events(model_loader, model_names, request, **schedule):
+    for item in synthesis_events(model_loader, model_names, request, cancel=cancel, **schedule):
         if isinstance(item, np.ndarray):
             pieces.append(item)
         elif item["event"] == "start":
@@ -484,19 +728,36 @@ def decode_frames(body: bytes) -> list[dict[str, Any] | np.ndarray]:
 class _StreamJob:
     """Runs :func:`synthesis_events` on a worker thread, handing its frames to the event loop's queue.
 
+    A closed connection (the browser pressed Stop or went away) cancels the request at once, from the moment the
+    job starts: while it waits in line or is conditioned, too. ``receive`` (the request's ASGI channel) says so,
+    where a failed write would only tell at the next chunk.
+
     After the first audio chunk the worker waits (at most FIRST_SEND_WAIT_S) until the route has written it:
     a decode loop that keeps the GIL busy (the CPU, tiny models) otherwise delays the event loop's send by
     one 5 ms switch interval per GIL hand-over, 150-300 ms in all on a 2-core CPU. Later chunks are not waited
     for; they are due only when the audio before them has played.
     """
 
-    def __init__(self, events: Iterator[dict[str, Any] | np.ndarray], cancel: threading.Event) -> None:
+    def __init__(
+        self, events: Iterator[dict[str, Any] | np.ndarray], cancel: threading.Event, receive: Callable[[], Any]
+    ) -> None:
         self.cancel = cancel
         self.first_sent = threading.Event()
         self.loop = asyncio.get_running_loop()
         self.queue: asyncio.Queue = asyncio.Queue()
         self._events = events
+        self._watcher = asyncio.ensure_future(self._watch(receive))
         threading.Thread(target=self._run, name="zonos-stream", daemon=True).start()
+
+    async def _watch(self, receive: Callable[[], Any]) -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        self.cancel.set()
+
+    def close(self) -> None:
+        """Stop the request (if it still runs) and the watch on its connection."""
+        self.cancel.set()
+        self._watcher.cancel()
 
     def _put(self, item: Any) -> None:
         self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
@@ -514,17 +775,8 @@ class _StreamJob:
         finally:
             self._put(None)
 
-    async def frames(self, first: bytes, receive: Callable[[], Any]) -> Any:
-        """The response body. A closed connection (the browser pressed Stop or went away) cancels generation
-        at once: ``receive`` (the request's ASGI channel) says so, where a failed write would only tell at
-        the next chunk."""
-
-        async def watch() -> None:
-            while (await receive())["type"] != "http.disconnect":
-                pass
-            self.cancel.set()
-
-        watcher = asyncio.ensure_future(watch())
+    async def frames(self, first: bytes) -> Any:
+        """The response body: ``first`` (the frames the route waited for), then each item as it comes."""
         try:
             yield first
             self.first_sent.set()  # the server has written it: the worker goes on generating
@@ -534,14 +786,71 @@ class _StreamJob:
                     break
                 yield _frame(item)
         finally:
-            self.cancel.set()
-            watcher.cancel()
+            self.close()
 
 
 def _message(error: Exception) -> str:
+    """What the page shows for ``error``: an input error's message, else its type only (the traceback goes to the
+    demo's log, not to whoever sent the request: it may name server paths)."""
     if isinstance(error, (ValueError, EngineFullError)):  # ZonosInputError is a ValueError
         return str(error)
-    return f"The server failed: {type(error).__name__}: {error}"
+    traceback.print_exception(error, file=sys.stderr)
+    return f"The server failed ({type(error).__name__}); the traceback is in the demo's log. Try again."
+
+
+class _UploadsOnly:
+    """ASGI middleware: a request body holding a Gradio file object (``{"path": ..., "meta": {"_type":
+    "gradio.FileData"}}``) is refused with 400 unless :func:`check_uploaded` accepts its path. Gradio copies
+    such a file into its cache, where it can be downloaded, before any event function runs, and checks that it
+    was uploaded only in an app it launched itself, not in one mounted as this demo is."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Callable[[], Any], send: Callable[[dict], Any]) -> None:
+        headers = dict(scope.get("headers") or [])
+        if (
+            scope["type"] != "http"
+            or scope["method"] in ("GET", "HEAD", "OPTIONS")
+            or headers.get(b"content-type", b"").startswith(b"multipart/")  # uploads: files, not paths
+        ):
+            await self.app(scope, receive, send)
+            return
+        messages, body = [], bytearray()
+        while True:
+            message = await receive()
+            messages.append(message)
+            if message["type"] != "http.request":
+                break
+            body += message.get("body", b"")
+            if len(body) > MAX_API_BODY_BYTES:
+                await _answer(send, 413, f"the request is over {MAX_API_BODY_BYTES} bytes")
+                return
+            if not message.get("more_body"):
+                break
+        try:
+            from gradio_client.utils import is_file_obj_with_meta, traverse
+
+            traverse(json.loads(body), lambda d: check_uploaded(d["path"], "file") or d, is_file_obj_with_meta)
+        except ZonosInputError as e:
+            await _answer(send, 400, str(e))
+            return
+        except RecursionError:  # nested too deep to look through: not passed on unchecked
+            await _answer(send, 400, "the request body's JSON is nested too deeply")
+            return
+        except ValueError:  # not JSON: Gradio reads no file objects from it
+            pass
+
+        async def replay() -> dict:
+            return messages.pop(0) if messages else await receive()
+
+        await self.app(scope, replay, send)
+
+
+async def _answer(send: Callable[[dict], Any], status: int, message: str) -> None:
+    body = json.dumps({"error": message, "detail": message}).encode()
+    await send({"type": "http.response.start", "status": status, "headers": [(b"content-type", b"application/json")]})
+    await send({"type": "http.response.body", "body": body})
 
 
 # ------------------------------------------------------------------------------------------------------ UI
@@ -549,294 +858,30 @@ def _message(error: Exception) -> str:
 
 PLAYER_HTML = """
 <div id="zonos-player">
-  <div id="zonos-status">Ready: press Generate.</div>
+  <div id="zonos-status" role="status" aria-live="polite" aria-atomic="true">Ready: press Generate.</div>
+  <progress id="zonos-progress" max="1" aria-label="Generation progress" hidden></progress>
   <div id="zonos-latency"></div>
   <audio id="zonos-replay" controls hidden></audio>
   <a id="zonos-download" download="zonos.wav" hidden>Download wav</a>
 </div>
 """
 
-# The page's player (served at zonos/player.js): posts the controls to the stream route and schedules each PCM
-# chunk on an AudioContext as it arrives. It lives here, not in a .js file, so an installed wheel has it.
-PLAYER_JS = r"""
-// No decoder, no media element and no segment buffering between a chunk's arrival and its playback.
-// window.zonosPlayer.stats holds what the page measured; the browser test reads it.
-(() => {
-  "use strict";
-  const HEADER = 8; // little-endian uint32 kind, uint32 payload bytes (gradio_interface.FRAME_HEADER)
-  const EVENT = 1;
-  const PCM = 2;
-  const LATE_S = 0.005; // a chunk due this far in the past starts now: an underrun (heard as a gap)
+# The character counter under the text box; the player's count() fills it as the text changes.
+COUNTER_HTML = f'<div id="zonos-chars" data-max="{MAX_TEXT_CHARS}" data-segment="{DEFAULT_MAX_CHARS}"></div>'
 
-  const $ = (id) => document.getElementById(id);
-  const show = (id, text) => {
-    const el = $(id);
-    if (el) el.textContent = text;
-  };
-
-  let clickAt = null; // the Generate click's event time: the latency counts from the user's press
-  document.addEventListener(
-    "click",
-    (e) => {
-      if (e.target instanceof Element && e.target.closest("#zonos-generate")) clickAt = e.timeStamp;
-    },
-    true,
-  );
-
-  class Player {
-    constructor() {
-      this.ctx = null;
-      this.abort = null;
-      this.sources = new Set();
-      this.stats = this.fresh();
-    }
-
-    fresh() {
-      return {
-        requests: 0,
-        clickAt: null, // performance.now() ms
-        firstScheduledAt: null, // performance.now() ms when the first sample was handed to the audio graph
-        firstScheduledWallMs: null, // Date.now() of the same moment, comparable with the server's clock
-        clickToFetchMs: null, // click to the request leaving the page
-        clickToResponseMs: null, // click to the response's first bytes (the server answers at its first audio)
-        clickToFirstAudioMs: null,
-        outputLatencyMs: null, // the context's base + output latency: the sound leaves the speaker this later
-        serverTtfaMs: null,
-        serverRunningAtFirstAudio: null, // no done event had arrived when the first sample was scheduled
-        serverEndWallMs: null,
-        samplesScheduled: 0,
-        chunks: 0,
-        underruns: 0,
-        sampleRate: null,
-        prefixFrames: null, // frames of the uploaded prefix clip, which play first
-        state: "idle", // idle | streaming | done | stopped | error
-        message: "",
-      };
-    }
-
-    audio() {
-      if (!this.ctx) this.ctx = new AudioContext({ latencyHint: "interactive", sampleRate: 44100 });
-      if (this.ctx.state !== "running") this.ctx.resume();
-      return this.ctx;
-    }
-
-    async start(names, values) {
-      const clicked = clickAt !== null && performance.now() - clickAt < 1000 ? clickAt : performance.now();
-      clickAt = null;
-      this.halt();
-      const requests = this.stats.requests + 1;
-      this.stats = this.fresh();
-      Object.assign(this.stats, { requests, clickAt: clicked, state: "streaming" });
-      const stats = this.stats;
-      const body = {};
-      names.forEach((name, i) => {
-        body[name] = values[i];
-      });
-      const abort = new AbortController();
-      this.abort = abort;
-      stats.clickToFetchMs = performance.now() - clicked;
-      const response = fetch("zonos/stream", {
-        method: "POST",
-        headers: { "Content-Type": "application/json" },
-        body: JSON.stringify(body),
-        signal: abort.signal,
-      });
-      // While the server works: the audio graph (resuming is allowed inside the click's activation).
-      this.audio();
-      this.next = 0;
-      this.pcm = [];
-      $("zonos-replay")?.setAttribute("hidden", "");
-      $("zonos-download")?.setAttribute("hidden", "");
-      show("zonos-status", "Generating…");
-      show("zonos-latency", "");
-      try {
-        const resp = await response;
-        if (!resp.ok) {
-          let message = `HTTP ${resp.status}`;
-          try {
-            message = (await resp.json()).error || message;
-          } catch (_) {}
-          return this.fail(stats, message);
-        }
-        stats.clickToResponseMs = performance.now() - clicked;
-        await this.read(resp.body.getReader(), stats, abort);
-        if (stats.state === "streaming") this.fail(stats, "the stream ended early");
-      } catch (err) {
-        if (stats.state === "streaming") this.fail(stats, String(err));
-      }
-    }
-
-    async read(reader, stats, abort) {
-      let buf = new Uint8Array(0);
-      for (;;) {
-        const { value, done } = await reader.read();
-        if (done || abort.signal.aborted) return;
-        const joined = new Uint8Array(buf.length + value.length);
-        joined.set(buf);
-        joined.set(value, buf.length);
-        buf = joined;
-        let pos = 0;
-        const view = new DataView(buf.buffer);
-        while (buf.length - pos >= HEADER) {
-          const kind = view.getUint32(pos, true);
-          const size = view.getUint32(pos + 4, true);
-          if (buf.length - pos - HEADER < size) break;
-          const payload = buf.slice(pos + HEADER, pos + HEADER + size); // a copy: aligned for Float32Array
-          pos += HEADER + size;
-          if (kind === PCM) this.play(new Float32Array(payload.buffer), stats);
-          else if (kind === EVENT) this.event(JSON.parse(new TextDecoder().decode(payload)), stats);
-        }
-        buf = buf.slice(pos);
-      }
-    }
-
-    play(samples, stats) {
-      if (stats !== this.stats || stats.state !== "streaming" || samples.length === 0) return;
-      const ctx = this.ctx;
-      const rate = stats.sampleRate || 44100;
-      const buffer = ctx.createBuffer(1, samples.length, rate);
-      buffer.copyToChannel(samples, 0);
-      const source = ctx.createBufferSource();
-      source.buffer = buffer;
-      source.connect(ctx.destination);
-      let when = this.next;
-      if (when < ctx.currentTime + LATE_S) {
-        if (stats.chunks > 0) stats.underruns += 1;
-        when = ctx.currentTime;
-      }
-      source.start(when);
-      this.sources.add(source);
-      source.onended = () => this.sources.delete(source);
-      this.next = when + buffer.duration;
-      this.pcm.push(samples);
-      stats.chunks += 1;
-      stats.samplesScheduled += samples.length;
-      if (stats.firstScheduledAt === null) {
-        stats.firstScheduledAt = performance.now();
-        stats.firstScheduledWallMs = Date.now();
-        stats.clickToFirstAudioMs = stats.firstScheduledAt - stats.clickAt;
-        stats.outputLatencyMs = 1000 * ((ctx.baseLatency || 0) + (ctx.outputLatency || 0));
-        stats.serverRunningAtFirstAudio = stats.serverEndWallMs === null;
-        this.showLatency(stats);
-      }
-    }
-
-    showLatency(stats) {
-      const parts = [`first audio ${stats.clickToFirstAudioMs.toFixed(0)} ms after the click (browser)`];
-      if (stats.serverTtfaMs !== null) parts.push(`server ${stats.serverTtfaMs.toFixed(0)} ms`);
-      if (stats.outputLatencyMs) parts.push(`+${stats.outputLatencyMs.toFixed(0)} ms output latency`);
-      if (stats.underruns) parts.push(`${stats.underruns} gap(s)`);
-      show("zonos-latency", parts.join(" · "));
-    }
-
-    event(ev, stats) {
-      if (stats !== this.stats) return;
-      if (ev.event === "start") {
-        stats.sampleRate = ev.sample_rate;
-        stats.seed = ev.seed;
-        stats.prefixFrames = ev.prefix_frames;
-        show("zonos-status", `Generating on ${ev.device} · seed ${ev.seed}…`);
-      } else if (ev.event === "first_audio") {
-        stats.serverTtfaMs = ev.ttfa_ms;
-      } else if (ev.event === "done") {
-        stats.serverEndWallMs = ev.t_end_wall_ms;
-        if (stats.state !== "streaming") return;
-        stats.state = ev.stopped ? "stopped" : "done";
-        const rtf = ev.rtf.toFixed(2);
-        show(
-          "zonos-status",
-          ev.samples === 0
-            ? `No audio: the model ended at once (seed ${ev.seed}); try another seed or longer text.`
-            : `Done: ${ev.seconds.toFixed(2)} s of audio in ${ev.elapsed_s.toFixed(2)} s ` +
-                `(${rtf}× real time) · seed ${ev.seed}`,
-        );
-        if (stats.firstScheduledAt !== null) this.showLatency(stats);
-        this.offerReplay(stats);
-      } else if (ev.event === "error") {
-        this.fail(stats, ev.message);
-      }
-    }
-
-    fail(stats, message) {
-      if (stats !== this.stats) return;
-      stats.state = "error";
-      stats.message = message;
-      show("zonos-status", `Error: ${message}`);
-    }
-
-    halt() {
-      if (this.abort) this.abort.abort(); // the server sees the closed connection and stops generating
-      this.abort = null;
-      for (const source of this.sources) {
-        try {
-          source.stop();
-        } catch (_) {}
-      }
-      this.sources.clear();
-    }
-
-    stop() {
-      const stats = this.stats;
-      this.halt();
-      if (stats.state !== "streaming") return;
-      stats.state = "stopped";
-      const seconds = stats.samplesScheduled / (stats.sampleRate || 44100);
-      show("zonos-status", `Stopped after ${seconds.toFixed(2)} s of audio; the model is ready for the next request.`);
-      this.offerReplay(stats);
-    }
-
-    offerReplay(stats) {
-      if (!this.pcm.length) return;
-      const url = URL.createObjectURL(wav(this.pcm, stats.sampleRate || 44100));
-      for (const id of ["zonos-replay", "zonos-download"]) {
-        const el = $(id);
-        if (!el) continue;
-        if (el.dataset.url) URL.revokeObjectURL(el.dataset.url);
-        el.dataset.url = url;
-        el.setAttribute(id === "zonos-replay" ? "src" : "href", url);
-        el.removeAttribute("hidden");
-      }
-    }
-  }
-
-  // A mono 16-bit wav file of the float chunks (for replay and download).
-  function wav(chunks, rate) {
-    const n = chunks.reduce((a, c) => a + c.length, 0);
-    const out = new DataView(new ArrayBuffer(44 + 2 * n));
-    const text = (pos, s) => [...s].forEach((ch, i) => out.setUint8(pos + i, ch.charCodeAt(0)));
-    text(0, "RIFF");
-    out.setUint32(4, 36 + 2 * n, true);
-    text(8, "WAVEfmt ");
-    out.setUint32(16, 16, true);
-    out.setUint16(20, 1, true);
-    out.setUint16(22, 1, true);
-    out.setUint32(24, rate, true);
-    out.setUint32(28, 2 * rate, true);
-    out.setUint16(32, 2, true);
-    out.setUint16(34, 16, true);
-    text(36, "data");
-    out.setUint32(40, 2 * n, true);
-    let pos = 44;
-    for (const c of chunks) {
-      for (let i = 0; i < c.length; i++, pos += 2) {
-        out.setInt16(pos, Math.round(32767 * Math.max(-1, Math.min(1, c[i]))), true);
-      }
-    }
-    return new Blob([out.buffer], { type: "audio/wav" });
-  }
-
-  window.zonosPlayer = new Player();
-  // Opening an AudioContext blocks the page for 200-300 ms in chromium (the audio device starts): do it while
-  // the page is idle, not between a click and its request. It stays suspended until the click resumes it.
-  setTimeout(() => window.zonosPlayer.audio(), 0);
-})();
-"""
-
+# Status kinds (set by the player): an error in red with a bar beside it, a cut-off result in amber, so neither
+# reads as success at a glance.
 CSS = """
 #zonos-player { padding: 6px 4px; font-size: 0.95em; min-height: 3.2em; }
-#zonos-status { font-weight: 600; }
+#zonos-status { font-weight: 600; padding-left: 6px; border-left: 4px solid transparent; }
+#zonos-status[data-kind="done"] { border-left-color: var(--color-green-500, #22c55e); }
+#zonos-status[data-kind="warning"] { color: var(--color-yellow-700, #a16207); border-left-color: #eab308; }
+#zonos-status[data-kind="error"] { color: var(--error-text-color, #b91c1c); border-left-color: #dc2626; }
+#zonos-progress { width: 100%; height: 8px; margin-top: 4px; }
 #zonos-latency { color: var(--body-text-color-subdued); }
 #zonos-replay { width: 100%; height: 32px; margin-top: 4px; }
+#zonos-chars { color: var(--body-text-color-subdued); font-size: 0.85em; text-align: right; }
+#zonos-chars[data-kind="error"] { color: var(--error-text-color, #b91c1c); }
 """
 
 
@@ -889,7 +934,15 @@ def build_demo(
         )
         with gr_.Row(equal_height=False):
             with gr_.Column(scale=3):
-                text = gr_.Textbox(label="Text to synthesize", value=d.text, lines=3, max_lines=8)
+                text = gr_.Textbox(
+                    label="Text to synthesize",
+                    value=d.text,
+                    lines=3,
+                    max_lines=8,
+                    max_length=MAX_TEXT_CHARS,
+                    elem_id="zonos-text",
+                )
+                gr_.HTML(COUNTER_HTML, min_height=0)
                 with gr_.Row():
                     language = gr_.Dropdown(supported_language_codes, value=d.language, label="Language code")
                     model_name = gr_.Dropdown(model_names, value=model_names[0], label="Model")
@@ -897,6 +950,7 @@ def build_demo(
                     generate = gr_.Button("Generate", variant="primary", elem_id="zonos-generate")
                     stop = gr_.Button("Stop", elem_id="zonos-stop")
                 gr_.HTML(PLAYER_HTML)
+                gr_.Examples([list(e) for e in EXAMPLES], inputs=[text, language], label="Example texts")
             with gr_.Column(scale=2):
                 with gr_.Tab("Voice"):
                     speaker_audio = gr_.Audio(
@@ -949,7 +1003,7 @@ def build_demo(
                 top_k = gr_.Slider(0, 1024, value=d.top_k, step=1, label="Top k (0: off)")
                 min_p = gr_.Slider(0.0, 1.0, value=d.min_p, step=0.01, label="Min p (0: off)")
             with gr_.Row():
-                seed = gr_.Number(label="Seed", value=d.seed, precision=0)
+                seed = gr_.Number(label="Seed", value=d.seed, precision=0, elem_id="zonos-seed")
                 randomize_seed = gr_.Checkbox(label="Randomize seed", value=d.randomize_seed)
                 max_new_tokens = gr_.Slider(
                     1, 86 * 30, value=d.max_new_tokens, step=1, label="Max new tokens (86 ≈ one second)"
@@ -1004,12 +1058,24 @@ def build_demo(
         }
         names = list(controls)
 
-        def synthesize(*values: Any) -> tuple[int, np.ndarray]:
+        async def synthesize(*values: Any) -> tuple[int, np.ndarray]:
+            # On a worker thread, so that Gradio cancelling the event (the page closed, its cancel route) reaches
+            # the finally below and stops generation instead of leaving a thread to run the utterance out.
+            cancel = threading.Event()
             try:
                 request = SynthesisRequest.from_mapping(dict(zip(names, values)))
-                audio, _ = synthesize_audio(model_loader, model_names, request, **schedule)
+                for clip, what in ((request.speaker_audio, "speaker audio"), (request.prefix_audio, "prefix audio")):
+                    if clip is not None:
+                        check_uploaded(clip, what)
+                audio, done = await asyncio.to_thread(
+                    synthesize_audio, model_loader, model_names, request, cancel, **schedule
+                )
             except (ValueError, EngineFullError) as e:
                 raise gr_.Error(str(e)) from e
+            finally:
+                cancel.set()
+            if done.get("warning"):
+                gr_.Warning(f"Cut off: {done['warning']}")
             return audio
 
         # Named parameters (with the page's defaults) for the API page and gradio_client.
@@ -1023,11 +1089,18 @@ def build_demo(
         generate.click(
             None,
             inputs=list(controls.values()),
-            # Not awaited: Gradio would hold the event as pending (and ignore the next click) until the stream ends.
-            js=f"(...values) => {{ window.zonosPlayer.start({json.dumps(names)}, values); }}",
+            outputs=seed,
+            # The player's promise resolves as the stream starts, with the seed used; every click is taken at once
+            # ("multiple"): a click while one is pending replaces that request.
+            js=f"(...values) => window.zonosPlayer.start({json.dumps(names)}, values)",
+            trigger_mode="multiple",
+            show_progress="hidden",
             api_visibility="private",
         )
         stop.click(None, js="() => window.zonosPlayer.stop()", api_visibility="private")
+        count = "(text) => { window.zonosPlayer.count(text); }"
+        text.change(None, inputs=text, js=count, api_visibility="private")  # typed, or filled from an example
+        demo.load(None, inputs=text, js=count, api_visibility="private")
 
         def switch(name: str, use_cute_gemv: bool, use_cute_scan: bool, cuda_graphs: bool, fast_ops: bool) -> str:
             if reason is not None:
@@ -1070,9 +1143,11 @@ def build_app(
     """The ASGI app to serve: the stream route and the page's script, with :func:`build_demo` mounted at ``/``.
 
     ``POST /zonos/stream`` takes a JSON object of :class:`SynthesisRequest` fields (uploaded clips as paths
-    in Gradio's upload folder) and answers 400 with ``{"error": message}`` for bad input, 503 when the model
-    stays busy, else a stream of frames (see :data:`FRAME_HEADER`) that ends with a ``done`` or ``error``
-    event. Closing the connection stops generation.
+    in Gradio's upload folder) and answers 400 with ``{"error": message}`` for bad input, else a stream of
+    frames (see :data:`FRAME_HEADER`) that ends with a ``done`` or ``error`` event; a request that waits for
+    the model starts the stream at once with ``queued`` events. Closing the connection stops generation, or
+    takes a waiting request out of line. Every route refuses a file path that was not uploaded
+    (:func:`check_uploaded`).
     """
     gr_ = _require_gradio()
     from fastapi import FastAPI
@@ -1081,12 +1156,13 @@ def build_app(
     model_names = list(model_names)
     demo = build_demo(model_loader, model_names, first_chunk_frames, chunk_frames, device, defaults)
     schedule = {"first_chunk_frames": first_chunk_frames, "chunk_frames": chunk_frames}
-    uploads = Path(gr_.utils.get_upload_folder()).resolve()
+    player_js = PLAYER_JS_PATH.read_text(encoding="utf-8")
     app = FastAPI()
+    app.add_middleware(_UploadsOnly)
 
     @app.get("/zonos/player.js")
     def player() -> Response:
-        return Response(PLAYER_JS, media_type="text/javascript")
+        return Response(player_js, media_type="text/javascript")
 
     @app.post("/zonos/stream")
     async def stream(http: Request) -> Response:
@@ -1102,27 +1178,31 @@ def build_app(
             if not isinstance(values, dict):
                 raise ZonosInputError("the request body must be a JSON object of the demo's fields")
             request = SynthesisRequest.from_mapping(values)
-            for clip in (request.speaker_audio, request.prefix_audio):
-                if clip is not None and not Path(clip).resolve().is_relative_to(uploads):
-                    raise ZonosInputError(f"{clip!r} is not an uploaded clip; upload it on the page")
-        except (ValueError, ZonosInputError) as e:  # a JSON error is a ValueError too
+            for clip, what in ((request.speaker_audio, "speaker audio"), (request.prefix_audio, "prefix audio")):
+                if clip is not None:
+                    check_uploaded(clip, what)
+        except ValueError as e:  # ZonosInputError and JSON errors are ValueErrors
             return JSONResponse({"error": str(e)}, status_code=400)
         cancel = threading.Event()
         events = synthesis_events(model_loader, model_names, request, cancel=cancel, t_request=t_request, **schedule)
-        job = _StreamJob(events, cancel)
-        # Answer once the first audio (or the end) is there, in one write: a request the decode loop refuses
-        # as it starts still gets a 400, and nothing could play sooner anyway.
+        job = _StreamJob(events, cancel, http.receive)
+        # Answer once the first audio (or the end) is there, in one write: a request refused as it starts still
+        # gets a 400, and nothing could play sooner anyway. A request that must wait in line is answered at once,
+        # so the page can say where it stands; an error after that is the stream's error event.
         head: list[dict[str, Any] | np.ndarray] = []
         while not head or (isinstance(head[-1], dict) and head[-1]["event"] in ("start", "first_audio")):
             item = await job.queue.get()
             if item is None or isinstance(item, Exception):
                 if item is not None:
                     await job.queue.get()  # the worker's end marker: the model is released
-                status = 503 if isinstance(item, EngineFullError) else 400 if item is not None else 500
-                return JSONResponse({"error": _message(item) if item else "no result"}, status_code=status)
+                job.close()
+                if item is None:  # it ended before it started: its client went away while it waited
+                    return JSONResponse({"error": "the request was cancelled"}, status_code=499)
+                status = 400 if isinstance(item, ValueError) else 503 if isinstance(item, EngineFullError) else 500
+                return JSONResponse({"error": _message(item)}, status_code=status)
             head.append(item)
         return StreamingResponse(
-            job.frames(b"".join(map(_frame, head)), http.receive),
+            job.frames(b"".join(map(_frame, head))),
             media_type="application/octet-stream",
             headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
         )

@@ -387,7 +387,7 @@ def test_passthrough_formula(projection: str) -> None:
         ({"pitch_std": [20.0, 30.0]}, "pitch_std must be a single number, got 2 values"),
         ({"ctc_loss": float("nan")}, "ctc_loss must be finite"),
         ({"unconditional_keys": {"vqscore8"}}, r"unknown unconditional key\(s\) \['vqscore8'\]"),
-        ({"unconditional_keys": {"espeak"}}, "cannot be unconditional"),
+        ({"unconditional_keys": {"espeak"}}, "cannot be unconditional.*remove it from unconditional_keys"),
     ],
 )
 def test_make_cond_dict_errors(kwargs: dict, pattern: str) -> None:
@@ -513,6 +513,53 @@ def test_make_cond_dict_refuses_wrong_types(kwargs: dict, pattern: str | None) -
         return
     with pytest.raises(ZonosInputError, match=pattern):
         make_cond_dict(**kwargs)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "pattern"),
+    [  # vqscore_8 and dnsmos_ovrl are unconditional by default; the others are made so
+        ({"vqscore_8": [float("nan")] * 8}, r"vqscore_8 must be finite"),
+        ({"vqscore_8": [0.7] * 4}, "vqscore_8 must be 8 numbers"),
+        ({"dnsmos_ovrl": float("inf")}, "dnsmos_ovrl must be finite"),
+        ({"dnsmos_ovrl": "high"}, "dnsmos_ovrl must be a single number"),
+        ({"speaker": torch.zeros(5), "unconditional_keys": ["speaker"]}, "speaker must hold 128 values"),
+        ({"emotion": [-1.0] * 8, "unconditional_keys": "emotion"}, "emotion weights must be >= 0"),
+        ({"fmax": float("nan"), "unconditional_keys": ["fmax"]}, "fmax must be finite"),
+        ({"speaker_noised": 2, "unconditional_keys": ["speaker_noised"]}, "speaker_noised must be True or False"),
+    ],
+)
+def test_values_of_unconditional_keys_are_checked(kwargs: dict, pattern: str) -> None:
+    """A dropped key's value goes unused, but a bad one is still the caller's mistake."""
+    with pytest.raises(ZonosInputError, match=pattern):
+        make_cond_dict(text="Hello.", device="cpu", **kwargs)
+
+
+def test_unconditional_keys_drop_checked_values() -> None:
+    kept = make_cond_dict(text="Hello.", vqscore_8=[0.6] * 8, unconditional_keys=(), device="cpu")
+    d = make_cond_dict(text="Hello.", vqscore_8=[0.6] * 8, unconditional_keys=["speaker", "fmax"], device="cpu")
+    assert set(kept) - set(d) == {"speaker", "fmax"} and "vqscore_8" in d
+    assert torch.equal(d["vqscore_8"], kept["vqscore_8"])
+    d = make_cond_dict(text="Hello.", speaker=None, fmax=None, unconditional_keys=iter(["speaker"]), device="cpu")
+    assert "speaker" not in d and "fmax" not in d and "vqscore_8" in d  # None drops a key too
+
+
+@pytest.mark.parametrize(
+    ("keys", "pattern"),
+    [
+        (5, r"unconditional_keys must be a list of key names \(or one name\), got int 5"),
+        (b"speaker", "unconditional_keys must be a list of key names .* got bytes"),
+        ({"speaker": True}, "unconditional_keys must be a list of key names .* got dict"),  # not read as flags
+        (torch.tensor(3), "unconditional_keys must be a list of key names .* got Tensor"),
+        ([1], r"unconditional_keys must hold key names \(strings\), got 1 \(int\)"),
+        ([["speaker"]], r"unconditional_keys must hold key names \(strings\), got \['speaker'\] \(list\)"),
+        (["speaker", None], r"got None \(NoneType\)"),
+        (["speaker", "mood", "fmax2"], r"unknown unconditional key\(s\) \['fmax2', 'mood'\]"),
+    ],
+)
+def test_unconditional_keys_are_checked(keys, pattern: str) -> None:
+    with pytest.raises(ZonosInputError, match=pattern) as info:
+        make_cond_dict(text="Hello.", unconditional_keys=keys, device="cpu")
+    assert "speaker, emotion, fmax, pitch_std, speaking_rate, language_id, vqscore_8, ctc_loss, " in str(info.value)
 
 
 def test_conditioner_inputs_are_checked() -> None:

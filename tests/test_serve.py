@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import re
 import socket
 import threading
 import time
@@ -261,9 +262,9 @@ def test_openai_package_streaming_call(server, model):
 
 
 def test_long_text_streams_whole(server, model):
-    """Text over the segment budget is split at sentences and streams as one response: through zonos.longform when
-    it exists (one utterance), else segment after segment, each drawing its seed from the request's generator."""
-    from zonos.serve.service import longform_speak
+    """Text over the segment budget is split at sentences and streams as one response: zonos.longform's one
+    utterance, drawing from the request's seeded generator."""
+    from zonos.longform import speak_segments
 
     text = "The first sentence is here. A second one follows it."
     segments = ["The first sentence is here.", "A second one follows it."]
@@ -274,30 +275,17 @@ def test_long_text_streams_whole(server, model):
     finally:
         server.settings.segment_chars = 200
     assert r.status_code == 200, r.text
-    generator = torch.Generator().manual_seed(8)
-    speak = longform_speak()
-    if speak is not None:
-        chunks = speak(
-            model,
-            segments,
-            cond={},
-            stream=True,
-            max_new_tokens=FRAMES,
-            generator=generator,
-            progress_bar=False,
-            **SCHEDULE,
-        )
-        want = torch.cat([ch.audio for ch in chunks], -1)[0, 0].numpy()
-    else:
-        parts = []
-        for segment in segments:
-            with torch.inference_mode():
-                prefix = model.prepare_conditioning(make_cond_dict(text=segment))
-            chunks = model.generate(
-                prefix, max_new_tokens=FRAMES, generator=generator, stream=True, progress_bar=False, **SCHEDULE
-            )
-            parts.append(torch.cat([ch.audio for ch in chunks], -1)[0, 0].numpy())
-        want = np.concatenate(parts)
+    chunks = speak_segments(
+        model,
+        segments,
+        cond={},
+        stream=True,
+        max_new_tokens=FRAMES,
+        generator=torch.Generator().manual_seed(8),
+        progress_bar=False,
+        **SCHEDULE,
+    )
+    want = torch.cat([ch.audio for ch in chunks], -1)[0, 0].numpy()
     got = np.frombuffer(r.content, "<i2")
     assert len(got) > len(pcm16(expected(model, text=segments[0], seed=8)))  # more than the first segment
     np.testing.assert_array_equal(got, pcm16(want))
@@ -573,9 +561,61 @@ def test_long_text_is_checked_whole_before_the_answer_starts(server):
             _error(c.post("/v1/zonos/speech", json=native(text=long, emotion=[1.0, 2.0])), 400)
             _error(c.post("/v1/zonos/speech", json=native(text=long + " <>. <>.")), 400)
             server.settings.segment_chars = 200  # two 200-character segments do not fit the tiny model's slots
-            _error(c.post("/v1/zonos/speech", json=native(text="Hello there my friend. " * 18)), 400)
+            err = _error(c.post("/v1/zonos/speech", json=native(text="Hello there my friend. " * 18)), 400)
+            # zonos.longform's arithmetic, and the fixes open to this server's client and to its operator
+            taken = r"segment 2 of 3: its text and the previous segment's take \d+ of the model's 256 positions"
+            assert re.search(taken, err["message"]), err
+            assert "at most 200 characters" in err["message"] and "--max-seqlen" in err["message"], err
     finally:
         server.settings.segment_chars = 200
+
+
+def test_long_text_gets_the_clis_segment_budgets(tmp_path, monkeypatch):
+    """The server and ``zonos-tts speak`` give the same text the same frame budget per segment: zonos.longform's,
+    each segment what the slots leave beside the previous segment's audio. With 200 positions a segment's default
+    2580 frames would not fit, and the tiny model never ends a segment itself, so each takes its whole budget."""
+    from tiny import tiny_codec
+
+    from zonos import cli
+    from zonos.cli import speak as speak_command
+    from zonos.conditioning.segments import split_text
+    from zonos.longform import prefix_lengths
+
+    text = "The first sentence is here. A second one follows, with a comma in it. And a third closes the text."
+    (tmp_path / "model").mkdir()
+    model = tiny_model(tmp_path / "model")  # also the checkpoint the CLI is pointed at
+    tiny_codec().save_pretrained(tmp_path / "codec")
+    budgets = []
+    submit = model.submit
+
+    def record(*args, **kwargs):
+        budgets.append(kwargs["max_new_tokens"])
+        return submit(*args, **kwargs)
+
+    monkeypatch.setattr(model, "submit", record)
+    monkeypatch.setattr(speak_command, "load_model", lambda args, device: model)
+    settings = ServerSettings(rate_limit=None, slots=2, queue_size=4, max_seqlen=200, segment_chars=45, warmup=False)
+    srv = Server(create_app(lambda: model, settings))
+    try:
+        with httpx.Client(base_url=srv.url, timeout=120) as c:
+            r = c.post("/v1/zonos/speech", json=native(text=text))
+        assert r.status_code == 200, r.text
+        served, budgets[:] = list(budgets), []
+        argv = ["speak", text, "--model", str(tmp_path / "model"), "--codec", str(tmp_path / "codec"),
+                "--device", "cpu", "--no-progress", "--max-segment-chars", "45", "--stream",
+                "--out", str(tmp_path / "long.wav")]  # fmt: skip
+        assert cli.main(argv) == 0
+    finally:
+        srv.stop()
+    lengths = prefix_lengths(model, split_text(text, 45))
+    expected, previous = [], 0
+    for k, length in enumerate(lengths):
+        room = 200 - 9 - length - previous
+        previous = min(room, (200 - 9 - lengths[k + 1]) // 2) if k + 1 < len(lengths) else room
+        expected.append(previous)
+    assert len(expected) == 3 and all(0 < b < 2580 for b in expected)
+    assert served == budgets == expected
+    assert len(np.frombuffer(r.content, "<i2")) == 512 * sum(expected)
 
 
 @pytest.mark.parametrize("bad", [dict(rate_limit=0), dict(rate_limit=float("nan")), dict(max_new_tokens=0),

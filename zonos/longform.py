@@ -25,6 +25,12 @@ from zonos.errors import ZonosInputError
 from zonos.streaming import AudioChunk
 from zonos.validation import check_int, describe
 
+# What a user can do about a text that does not fit (front ends with their own settings pass theirs).
+_FIX = (
+    "Split the text into shorter segments (split_text's max_chars, --max-segment-chars), or load the model with a "
+    "larger max_seqlen"
+)
+
 
 def _texts(segments: Sequence[str]) -> list[str]:
     """Each segment's conditioning text: the previous segment's text (the transcript of its audio prefix), then
@@ -65,10 +71,7 @@ def segment_budget(
         taken += f" and the delay pattern {N_CODEBOOKS}"
         if next_prefix_length is not None:
             taken += f", and the next segment's prefix ({next_prefix_length}) needs room for its own audio"
-        raise ZonosInputError(
-            f"{segment} does not fit in the model's {max_seqlen} positions: {taken}. Split the text into shorter "
-            "segments (split_text's max_chars, --max-segment-chars), or load the model with a larger max_seqlen"
-        )
+        raise ZonosInputError(f"{segment} does not fit in the model's {max_seqlen} positions: {taken}. {_FIX}")
     return min(max_new_tokens, room)
 
 
@@ -78,11 +81,14 @@ def longform_budget(
     language: str = "en-us",
     max_new_tokens: int = 86 * 30,
     max_seqlen: int | None = None,
+    *,
+    fix: str = _FIX,
 ) -> int:
     """The frames every segment of :func:`speak_segments` is sure to get (each gets at least this, up to
     ``max_new_tokens``), from the phonemes alone, so it runs before any model work. Raises
-    :class:`~zonos.errors.ZonosInputError` when a segment's texts leave no room for audio. ``max_seqlen``: the
-    slots' positions (default: those of the model's engine)."""
+    :class:`~zonos.errors.ZonosInputError` when a segment's texts leave no room for audio; ``fix`` ends its
+    message with what the caller's user can do (a front end names its own settings). ``max_seqlen``: the slots'
+    positions (default: those of the model's engine)."""
     if max_seqlen is None:
         max_seqlen = model.engine.max_seqlen
     lengths = prefix_lengths(model, segments, language)
@@ -95,8 +101,7 @@ def longform_budget(
         texts = "its text" if k == 0 else "its text and the previous segment's"
         raise ZonosInputError(
             f"segment {k + 1} of {len(segments)}: {texts} take {longest} of the model's {max_seqlen} positions "
-            f"and the delay pattern {N_CODEBOOKS}, leaving no room for audio. Split the text into shorter segments "
-            "(split_text's max_chars, --max-segment-chars), or load the model with a larger max_seqlen"
+            f"and the delay pattern {N_CODEBOOKS}, leaving no room for audio. {fix}"
         )
     return min(max_new_tokens, room)
 

@@ -430,6 +430,41 @@ def _vector(value: Any, n: int, key: str, hint: str = "", dtype: torch.dtype = t
     return t
 
 
+def _unconditional_keys(keys: Any) -> frozenset[str]:
+    """The checked key names of ``make_cond_dict``'s ``unconditional_keys``: one name, or a list, tuple, set or
+    other iterable of names (``None``: none)."""
+    valid = ", ".join(COND_KEYS[1:])
+    if keys is None:
+        return frozenset()
+    if isinstance(keys, str):
+        keys = (keys,)
+    wrong = ZonosInputError(
+        f"unconditional_keys must be a list of key names (or one name), got {type(keys).__name__} "
+        f"{str(keys)[:60]}; pass e.g. ['vqscore_8', 'dnsmos_ovrl'] (valid keys: {valid})"
+    )
+    if isinstance(keys, (bytes, Mapping)) or not isinstance(keys, Iterable):  # a dict's values would be ignored
+        raise wrong
+    try:
+        keys = list(keys)
+    except TypeError:  # iterable in type only, e.g. a 0-d tensor
+        raise wrong from None
+    bad = [k for k in keys if not isinstance(k, str)]
+    if bad:
+        raise ZonosInputError(
+            f"unconditional_keys must hold key names (strings), got {bad[0]!r} ({type(bad[0]).__name__}); "
+            f"valid keys are {valid}"
+        )
+    if "espeak" in keys:
+        raise ZonosInputError(
+            "'espeak' (the text) cannot be unconditional: it has no learned unconditional vector; remove it from "
+            "unconditional_keys"
+        )
+    unknown = sorted(set(keys) - set(COND_KEYS))
+    if unknown:
+        raise ZonosInputError(f"unknown unconditional key(s) {unknown}; valid keys are {valid}")
+    return frozenset(keys)
+
+
 def make_cond_dict(
     text: str = DEFAULT_TEXT,
     language: str = "en-us",
@@ -462,7 +497,8 @@ def make_cond_dict(
         dnsmos_ovrl: DNSMOS overall target (1..5), hybrid only.
         speaker_noised: whether the speaker embedding is noisy, hybrid only.
         unconditional_keys: keys dropped from the result so their learned unconditional vectors are used
-            (a single key may be given as a plain string). ``None`` for a value has the same effect.
+            (a single key may be given as a plain string). ``None`` for a value has the same effect; any other
+            value of a dropped key is still checked.
         device: where the tensors go; ``None`` means CUDA if available, else CPU.
 
     Returns:
@@ -473,36 +509,22 @@ def make_cond_dict(
     Raises:
         ZonosInputError: empty text, text that phonemises to no sound or holds a lone surrogate, unknown language
             (with suggestions), wrong number of emotion/speaker/vqscore values, a bool or string where a number
-            is meant, NaN or infinite values, negative or all-zero emotion weights, an unknown unconditional key,
-            or a device this machine does not have. Japanese text without the ``ja`` extra raises
-            :class:`~zonos.conditioning.MissingDependencyError` (also a ZonosInputError).
+            is meant, NaN or infinite values (of unconditional keys too), negative or all-zero emotion weights,
+            unconditional_keys that is not a list of known key names, or a device this machine does not have.
+            Japanese text without the ``ja`` extra raises :class:`~zonos.conditioning.MissingDependencyError`
+            (also a ZonosInputError).
     """
     check_text(text)
     language = normalize_language(language)
 
-    if isinstance(unconditional_keys, str):
-        unconditional_keys = {unconditional_keys}
-    try:
-        drop = set(unconditional_keys or ())
-    except TypeError:
-        raise ZonosInputError(
-            f"unconditional_keys must be a list of key names, got {type(unconditional_keys).__name__}"
-        ) from None
-    if "espeak" in drop:
-        raise ZonosInputError("'espeak' (the text) cannot be unconditional: it has no learned unconditional vector")
-    unknown = drop - set(COND_KEYS)
-    if unknown:
-        raise ZonosInputError(
-            f"unknown unconditional key(s) {sorted(map(str, unknown))}; valid keys are {', '.join(COND_KEYS[1:])}"
-        )
+    drop = _unconditional_keys(unconditional_keys)
     dev = check_device("device", device) if device is not None else default_device()
 
-    def keep(key: str, value: Any) -> bool:
-        return key not in drop and value is not None
-
+    # Every value is checked, also those of the keys dropped below: a NaN or a wrong length is the caller's
+    # mistake even where the value goes unused (vqscore_8 and dnsmos_ovrl are dropped by default).
     out: dict[str, Any] = {"espeak": ([text], [language])}
 
-    if keep("speaker", speaker):
+    if speaker is not None:
         if isinstance(speaker, torch.Tensor):
             if speaker.numel() != 128:
                 raise ZonosInputError(
@@ -517,10 +539,10 @@ def make_cond_dict(
             out["speaker"] = speaker.reshape(1, 1, 128)
         else:
             out["speaker"] = _vector(speaker, 128, "speaker", "the speaker-embedding model's output").view(1, 1, 128)
-    elif "speaker" not in drop:
+    else:
         out["speaker"] = None  # explicit None: the learned unconditional speaker vector
 
-    if keep("emotion", emotion):
+    if emotion is not None:
         labels = "Happiness, Sadness, Disgust, Fear, Surprise, Anger, Other, Neutral"
         # float64, so that weights near the float32 limit (e.g. [3e38] * 8) do not overflow when summed
         e = _vector(emotion, 8, "emotion", labels, dtype=torch.float64)
@@ -532,18 +554,17 @@ def make_cond_dict(
         out["emotion"] = (e / total).float().view(1, 1, 8)  # the model always sees weights summing to 1
 
     for key, value in (("fmax", fmax), ("pitch_std", pitch_std), ("speaking_rate", speaking_rate)):
-        if keep(key, value):
+        if value is not None:
             out[key] = _vector(value, 1, key).view(1, 1, 1)
 
-    if "language_id" not in drop:
-        out["language_id"] = torch.tensor([[[language_id(language)]]], dtype=torch.long)
+    out["language_id"] = torch.tensor([[[language_id(language)]]], dtype=torch.long)
 
-    if keep("vqscore_8", vqscore_8):
+    if vqscore_8 is not None:
         out["vqscore_8"] = _vector(vqscore_8, 8, "vqscore_8", "one VQScore per eighth of the audio").view(1, 1, 8)
     for key, value in (("ctc_loss", ctc_loss), ("dnsmos_ovrl", dnsmos_ovrl)):
-        if keep(key, value):
+        if value is not None:
             out[key] = _vector(value, 1, key).view(1, 1, 1)
-    if keep("speaker_noised", speaker_noised):
+    if speaker_noised is not None:
         if not isinstance(speaker_noised, (bool, int)) or speaker_noised not in (0, 1):
             raise ZonosInputError(f"speaker_noised must be True or False, got {speaker_noised!r}")
         out["speaker_noised"] = torch.tensor([[[int(speaker_noised)]]], dtype=torch.long)
@@ -551,4 +572,4 @@ def make_cond_dict(
     # Last, as the one step that costs milliseconds: refuse text that phonemises to no sound ('\u200b', '<>').
     # The result is cached, so the conditioner does not phonemise it again.
     check_phonemes(text, language, phonemize([text], [language])[0])
-    return {k: v.to(dev) if isinstance(v, torch.Tensor) else v for k, v in out.items()}
+    return {k: v.to(dev) if isinstance(v, torch.Tensor) else v for k, v in out.items() if k not in drop}

@@ -21,7 +21,7 @@ from fastapi.responses import Response, StreamingResponse
 from zonos.serve.encode import MEDIA_TYPES, OPUS_RATE, SAMPLE_RATE, StreamEncoder, encode_file
 from zonos.serve.metrics import Metrics
 from zonos.serve.schemas import SpeechSpec
-from zonos.serve.service import END, Job, SpeechService, longform_speak
+from zonos.serve.service import END, Job, SpeechService
 
 __all__ = ["JobResponse", "speak"]
 
@@ -35,10 +35,9 @@ async def speak(request: Request, spec: SpeechSpec, service: SpeechService, metr
     arrived = time.perf_counter()
     service.check(spec)
     plan = await asyncio.to_thread(service.prepare, spec)
-    longform = len(plan["segments"]) > 1 and longform_speak() is not None
-    handle = None
-    if not longform:
-        handle = await asyncio.to_thread(service.submit_segment, spec, plan, plan["segments"][0], True)
+    handle = None  # long text: the feeder speaks its segments through zonos.longform
+    if len(plan["segments"]) == 1:
+        handle = await asyncio.to_thread(service.submit_segment, spec, plan)
     job = Job(asyncio.get_running_loop())
     job.handle = handle
     feeder = threading.Thread(target=service.feed, args=(job, spec, plan, handle), name="zonos-serve-feed",

@@ -2,31 +2,29 @@
 speaker, segments and prefix audio, submits its segments and feeds their audio to a :class:`Job` (from a feeder
 thread), which the response side reads and cancels.
 
-Text longer than one generation is split with :func:`zonos.conditioning.segments.split_text` and spoken segment
-after segment as one stream (``zonos.longform.speak_segments`` takes over when that module exists).
+Text longer than one segment is split with :func:`zonos.conditioning.segments.split_text` and spoken as one
+utterance by :func:`zonos.longform.speak_segments`, whose frame budgets (those of ``zonos-tts speak``) every
+segment gets.
 """
 
 from __future__ import annotations
 
 import asyncio
-import importlib
 import io
 import secrets
 import threading
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
 from zonos.audio import MAX_PREFIX_SECONDS
-from zonos.errors import CheckpointError, EngineFullError, ZonosInputError
+from zonos.errors import CheckpointError, ZonosInputError
 from zonos.serve.encode import available_formats
 from zonos.serve.errors import ApiError
 from zonos.serve.schemas import DEFAULT_VOICE, OPENAI_VOICES, VOICE_NAME, SpeechSpec
 from zonos.serve.settings import ServerSettings
 
-__all__ = ["END", "Job", "SpeechService", "longform_speak", "read_clip"]
+__all__ = ["END", "Job", "SpeechService", "read_clip"]
 
 END = object()  # the last item of a job's queue
 
@@ -182,10 +180,15 @@ class SpeechService:
                 "response_format",
             )
 
+    def max_frames(self, spec: SpeechSpec) -> int:
+        """The most frames one segment of ``spec`` may take: its ``max_new_tokens``, within the server's."""
+        return min(spec.max_new_tokens or self.settings.max_new_tokens, self.settings.max_new_tokens)
+
     def prepare(self, spec: SpeechSpec) -> dict:
         """Everything up to the first segment's submit (on a worker thread): speaker, segments, prefix audio."""
         from zonos.conditioning import make_cond_dict
         from zonos.conditioning.segments import split_text
+        from zonos.longform import longform_budget
 
         segments = split_text(spec.text, self.settings.segment_chars)
         # Every segment's conditioning inputs are checked here, before the clips are decoded and before the 200:
@@ -193,11 +196,12 @@ class SpeechService:
         # (the phonemes are cached for the conditioning that follows).
         for text in segments:
             make_cond_dict(text=text, device="cpu", **spec.cond)
-        # Once more with every key kept: make_cond_dict skips the values of unconditional keys (vqscore_8 and
-        # dnsmos_ovrl by default), so a NaN or a wrong length there would otherwise pass unnoticed.
-        make_cond_dict(text=segments[0], device="cpu", **dict(spec.cond, unconditional_keys=()))
-        if len(segments) > 1 and longform_speak() is not None:
-            self.longform_budget(spec, segments)  # the slots must hold two segments' text with room for audio
+        if len(segments) > 1:  # the slots must hold two segments' text with room for audio
+            longform_budget(
+                self.model, segments, spec.cond.get("language", "en-us"), self.max_frames(spec),
+                self.engine.max_seqlen, fix=f"Send at most {self.settings.segment_chars} characters (one segment) "
+                "per request, or ask the server's operator for a larger --max-seqlen or a smaller segment_chars",
+            )  # fmt: skip
         if spec.speaker_audio:
             speaker = self.embed_clip(spec.speaker_audio, "speaker_audio")
         else:
@@ -218,19 +222,20 @@ class SpeechService:
             generator=torch.Generator().manual_seed(seed),
         )
 
-    def submit_segment(self, spec: SpeechSpec, plan: dict, text: str, first: bool):
-        """Condition ``text`` and submit it to the engine; returns the handle."""
+    def submit_segment(self, spec: SpeechSpec, plan: dict):
+        """Condition the text of a one-segment request and submit it to the engine; returns the handle."""
         from zonos.conditioning import make_cond_dict
         from zonos.model import DEFAULT_CHUNK_FRAMES, DEFAULT_FIRST_CHUNK_FRAMES
 
         model = self.model
+        (text,) = plan["segments"]
         with self.condition_lock, torch.inference_mode():
             cond = make_cond_dict(text=text, speaker=plan["speaker"], device=model.device, **spec.cond)
             prefix = model.prepare_conditioning(cond)
-        codes = plan["prefix_codes"] if first else None
+        codes = plan["prefix_codes"]
         audio = 0 if codes is None else codes.shape[2]
         room = self.engine.max_seqlen - prefix.shape[1] - audio - 9
-        budget = min(spec.max_new_tokens or self.settings.max_new_tokens, self.settings.max_new_tokens, room)
+        budget = min(self.max_frames(spec), room)
         if budget < 1:
             raise ZonosInputError(
                 f"a segment's text takes {prefix.shape[1]} and the prefix audio {audio} of the model's "
@@ -251,30 +256,27 @@ class SpeechService:
         )
 
     def feed(self, job: Job, spec: SpeechSpec, plan: dict, handle) -> None:
-        """The feeder thread: the first segment's chunks (``handle``), then each later segment's (conditioned and
-        submitted in turn), into ``job``'s queue as float32 arrays; an error, then the end marker. ``handle`` None:
-        the segments go to ``zonos.longform.speak_segments`` as one utterance."""
+        """The feeder thread: the chunks of a one-segment request (``handle``), or with ``handle`` None every
+        segment's from ``zonos.longform.speak_segments``, into ``job``'s queue as float32 arrays; an error, then
+        the end marker."""
         try:
-            if handle is None:  # long text, spoken by zonos.longform
-                self._feed_longform(job, spec, plan, longform_speak())
+            if handle is None:
+                self._feed_longform(job, spec, plan)
                 return
-            for i, text in enumerate(plan["segments"]):
-                if i:
-                    handle = self._submit_waiting(job, spec, plan, text)
-                    if handle is None:
-                        return
-                if not job.attach(handle):
-                    return
-                for chunk in handle:
-                    job.put(chunk.audio[0, 0].float().cpu().numpy())
+            if not job.attach(handle):
+                return
+            for chunk in handle:
+                job.put(chunk.audio[0, 0].float().cpu().numpy())
         except Exception as err:  # noqa: BLE001 - the response side reports it
             job.put(err)
         finally:
             job.put(END)
 
-    def _feed_longform(self, job: Job, spec: SpeechSpec, plan: dict, speak) -> None:
+    def _feed_longform(self, job: Job, spec: SpeechSpec, plan: dict) -> None:
+        from zonos.longform import speak_segments
+
         gen = dict(
-            max_new_tokens=self.longform_budget(spec, plan["segments"]),
+            max_new_tokens=self.max_frames(spec),  # per segment; speak_segments caps each to what the slots leave
             cfg_scale=spec.cfg_scale,
             sampling_params=spec.sampling,
             generator=plan["generator"],
@@ -285,7 +287,7 @@ class SpeechService:
             if getattr(spec, key):
                 gen[key] = getattr(spec, key)
         cond = dict(spec.cond, speaker=plan["speaker"], device=self.model.device)
-        chunks = speak(self.model, plan["segments"], cond=cond, stream=True, **gen)
+        chunks = speak_segments(self.model, plan["segments"], cond=cond, stream=True, **gen)
         try:
             for chunk in chunks:
                 if job.cancelled:
@@ -293,40 +295,6 @@ class SpeechService:
                 job.put(chunk.audio[0, 0].float().cpu().numpy())
         finally:
             chunks.close()
-
-    def longform_budget(self, spec: SpeechSpec, segments: list[str]) -> int:
-        """Frames per segment for ``zonos.longform``: a segment's request holds the previous segment's frames and
-        both texts' prefix besides its own frames, so each gets at most half of what the prefix leaves. The prefix
-        is bounded by 2 tokens per character of the two texts plus 64 (the conditioning's fixed tokens): English
-        gives ~1.5 per character (TEXT in tests/test_serve.py: 28 characters, 43 tokens)."""
-        pairs = [len(a) + len(b) for a, b in zip(["", *segments[:-1]], segments)]
-        room = (self.engine.max_seqlen - 9 - (2 * max(pairs) + 64)) // 2
-        if room < 1:
-            raise ZonosInputError(
-                f"the engine's {self.engine.max_seqlen} positions leave no room for long-form segments of "
-                f"{self.settings.segment_chars} characters: lower segment_chars or raise max_seqlen"
-            )
-        return min(spec.max_new_tokens or self.settings.max_new_tokens, self.settings.max_new_tokens, room)
-
-    def _submit_waiting(self, job: Job, spec: SpeechSpec, plan: dict, text: str):
-        """A later segment's submit; a full queue is waited out (the stream has begun), a cancel ends it."""
-        while not job.cancelled:
-            try:
-                return self.submit_segment(spec, plan, text, first=False)
-            except EngineFullError:
-                time.sleep(0.05)
-        return None
-
-
-def longform_speak() -> Callable | None:
-    """``zonos.longform.speak_segments`` when that module exists."""
-    try:
-        module = importlib.import_module("zonos.longform")
-    except ModuleNotFoundError as e:
-        if e.name != "zonos.longform":
-            raise
-        return None
-    return getattr(module, "speak_segments", None)
 
 
 def read_clip(data: bytes, param: str, max_seconds: float) -> tuple[torch.Tensor, int]:

@@ -87,8 +87,12 @@ def child(args: argparse.Namespace) -> None:
         dtype = torch.float32
     else:
         codec = DACAutoencoder(DACConfig(), device=args.device)
+        sync()
+        stamps["codec"] = time.perf_counter()
         model = random_model("hybrid", device=args.device, autoencoder=codec, max_seqlen=args.max_seqlen)
         dtype = torch.bfloat16
+    sync()
+    stamps["model"] = time.perf_counter()
     if accel:
         model.use_accelerators(use_cute_gemv=args.cute_gemv or None)  # what from_local does (defaults: all on)
     else:
@@ -232,6 +236,11 @@ def row(case: str, result: dict) -> dict:
         "spawn → start s": f"{s['start'] - s['spawn']:.3f}",
         "import s": f"{s['imports'] - s['start']:.2f}",
         "build s": f"{s['ready'] - s['imports']:.2f}",
+        "of which codec / backbone / accelerators s": (
+            f"{s['codec'] - s['imports']:.2f} / {s['model'] - s['codec']:.2f} / {s['ready'] - s['model']:.2f}"
+            if "codec" in s
+            else "-"
+        ),
         "spawn → model ready s": f"{s['ready'] - s['spawn']:.2f}",
         "1st request → prefill ms": ms(r1, "prefill"),
         "1st request → first step ms": ms(r1, "step"),

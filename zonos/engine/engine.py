@@ -324,7 +324,7 @@ class Engine:
         self.vocoding: SlabVocoding | None = None  # the vocoder slab (with vocoder_batching), and its counts
         if vocoder_batching:
             self.vocoding = SlabVocoding(
-                model.autoencoder, self.slots, vocoder_frames, self.vocoder_graphs, self._casts, model.eos_token_id,
+                lambda: model.autoencoder, self.slots, vocoder_frames, self.vocoder_graphs, self._casts, model.eos_token_id,
                 torch.cuda.Stream(self.device) if cuda else None,
             )  # fmt: skip
         self.steps = 0  # decode steps run

@@ -19,6 +19,7 @@ hold it (its 10th complete frame).
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections import deque
 from dataclasses import dataclass
 
@@ -86,17 +87,17 @@ class SlabStream:
 class SlabVocoding:
     """The slab of one engine's :class:`~zonos.engine.slots.Slots` (row ``r`` is slot ``r``'s stream), its ticks and
     the copies on their way back (see the module docstring). ``stream``: the CUDA stream its work runs on (None on
-    the CPU)."""
+    the CPU). ``codec`` returns the model's codec; it is asked for at the first stream (a model that only
+    generates codes never loads one)."""
 
     def __init__(self, codec, slots, frames: int, cuda_graphs: bool, casts: WeightCasts, eos_token_id: int, stream):
-        self.codec = codec
+        self._codec = codec
         self.slots = slots
         self.frames = frames
         self.cuda_graphs = cuda_graphs
         self.casts = casts
         self.eos_token_id = eos_token_id
         self.stream = stream
-        self.lookahead = receptive_field(codec.dac.config).lookahead_frames  # frames before a stream's first audio
         self.slab: VocoderSlab | None = None  # made for the first stream: rows x one stream's steady state
         self.members: dict[int, object] = {}  # row -> its job (running, or ended and draining)
         self.phase = 0  # ticks follow engine steps s with (s - phase) % frames == 0
@@ -112,6 +113,15 @@ class SlabVocoding:
         self.pushes = 0  # ticks pushed
         self.rows_pushed = 0  # streams' pushes they held
         self.most_rows = 0  # streams in one push
+
+    @functools.cached_property
+    def codec(self):
+        return self._codec()
+
+    @functools.cached_property
+    def lookahead(self) -> int:
+        """Frames before a stream's first audio."""
+        return receptive_field(self.codec.dac.config).lookahead_frames
 
     @staticmethod
     def eligible(request) -> bool:

@@ -523,3 +523,21 @@ def test_chunked_prefill_interleaves_with_running_streams_and_changes_nothing(mo
         assert seen["first_step"] - seen["submitted"] >= pieces  # one piece per step of the running stream
     finally:
         engine.shutdown()
+
+
+def test_codes_need_no_codec(tmp_path, monkeypatch):
+    """A model without a codec generates codes with the vocoder slab on (the default): the slab asks for the codec
+    only at its first stream, so nothing tries to download one."""
+    from zonos.codec.autoencoder import DACAutoencoder
+
+    m = tiny_model(tmp_path, max_seqlen=96)
+    m.autoencoder = None
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the codec was loaded for codes only")
+
+    monkeypatch.setattr(DACAutoencoder, "from_pretrained", refuse)
+    engine = m.start_engine(slots=2)
+    assert engine.vocoding is not None
+    codes = m.generate(_prefix(m, "Hello there."), max_new_tokens=12, progress_bar=False)
+    assert codes.shape[:2] == (1, 9) and codes.shape[2] > 0

@@ -324,8 +324,8 @@ class Engine:
         self.vocoding: SlabVocoding | None = None  # the vocoder slab (with vocoder_batching), and its counts
         if vocoder_batching:
             self.vocoding = SlabVocoding(
-                lambda: model.autoencoder, self.slots, vocoder_frames, self.vocoder_graphs, self._casts, model.eos_token_id,
-                torch.cuda.Stream(self.device) if cuda else None,
+                lambda: model.autoencoder, self.slots, vocoder_frames, self.vocoder_graphs, self._casts,
+                model.eos_token_id, torch.cuda.Stream(self.device) if cuda else None,
             )  # fmt: skip
         self.steps = 0  # decode steps run
         self.join_batches = 0  # batched prefills run (each of up to join_batch sequences)

@@ -126,6 +126,7 @@ def run(
     warm()
     records: list[dict] = [{} for _ in range(n)]
     steps0, t0 = engine.steps, time.perf_counter()
+    counters0 = _counters(engine)
 
     def consume(i: int) -> None:
         time.sleep(max(0.0, arrivals[i] - (time.perf_counter() - t0)))
@@ -146,6 +147,7 @@ def run(
         t.join()
     wall = time.perf_counter() - t0
     steps = engine.steps - steps0
+    counters = {k: v - counters0[k] for k, v in _counters(engine).items()}
     ttfa, late, total_chunks, realtime = [], 0, 0, 0
     audio = 0.0
     for rec in records:
@@ -175,6 +177,11 @@ def run(
         "streams per slab push": vocoding.rows_pushed / max(vocoding.pushes, 1) if vocoding is not None else 0.0,
         "steps/s": steps / wall,
         "ms/step": step_s * 1e3,
+        "host ms/step: step / join / slab": " / ".join(
+            f"{counters[k] * 1e3 / max(steps, 1):.2f}" for k in ("step_seconds", "join_seconds", "slab_seconds")
+        ),
+        "seqs/join": counters["join_sequences"] / max(counters["join_batches"], 1),
+        "pieces/step": counters["join_pieces"] / max(steps, 1),
         "floor ms/step": floor * 1e3,
         "÷ floor": step_s / floor,
         "RT streams": audio / wall,
@@ -184,6 +191,12 @@ def run(
         "on-time chunks %": 100.0 - 100.0 * late / max(total_chunks, 1),
         "GPU GiB peak": torch.cuda.max_memory_allocated() / 2**30,
     }
+
+
+def _counters(engine) -> dict[str, float]:
+    """The engine's cumulative counters the table differences: host seconds per part, joins and their pieces."""
+    names = ("step_seconds", "join_seconds", "slab_seconds", "join_batches", "join_pieces", "join_sequences")
+    return {name: getattr(engine, name) for name in names}
 
 
 def main() -> None:

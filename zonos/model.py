@@ -27,7 +27,7 @@ from zonos.hub import resolve_file
 from zonos.ops.backend import REFERENCE, Backend, UsesOps, use_backend
 from zonos.sampling import SamplingParams
 from zonos.streaming import DEFAULT_CHUNK_FRAMES, DEFAULT_FIRST_CHUNK_FRAMES, AudioChunk, check_chunk_sizes
-from zonos.utils import default_device, default_dtype, naming_compiles, power_buckets
+from zonos.utils import batch_buckets, default_device, default_dtype, naming_compiles
 
 DEFAULT_CODEC = "descript/dac_44khz"
 DEFAULT_SLOTS = 4  # slots of the engine that generate() runs on (concurrent generate calls decode together)
@@ -599,10 +599,11 @@ class Zonos(UsesOps, nn.Module):
         decode step, of the prefill pieces for that length and of the vocoder's pushes, which later requests
         replay. Graphs are keyed by the sampling filters in use and the number of busy slots, so pass the
         settings requests will use. ``all_prefill_lengths`` captures all 31 prefill piece sizes now (a server
-        taking prompts of any length). ``streams`` > 1 (a server): the requests also run 2, 4, ... up to
-        ``streams`` at a time, capturing the decode step of every bucket of busy slots up to there and, with the
-        engine's ``vocoder_batching``, the slab push of every bucket of rows. The bar names each Triton kernel as
-        it is compiled. Returns the seconds it took; the model is ready for the next request.
+        taking prompts of any length). ``streams`` > 1 (a server): the requests also run as many at a time as
+        each bucket of :func:`~zonos.utils.batch_buckets` up to ``streams``, capturing the decode step of every
+        bucket of busy slots up to there and, with the engine's ``vocoder_batching``, the slab push of every
+        bucket of rows. The bar names each Triton kernel as it is compiled. Returns the seconds it took; the model
+        is ready for the next request.
         """
         for name, value in (("prefix_length", prefix_length), ("frames", frames), ("streams", streams)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -620,7 +621,7 @@ class Zonos(UsesOps, nn.Module):
                 f"{engine.slots.count} (start_engine(slots=...))"
             )
         start = time.perf_counter()
-        counts = power_buckets(streams)
+        counts = batch_buckets(streams)
         d = self.config.backbone.d_model
         rows = 2 if cfg_scale != 1.0 else 1
         generator = torch.Generator(self.device).manual_seed(0)  # leaves the caller's random streams alone

@@ -19,10 +19,17 @@ def default_dtype(device: torch.device) -> torch.dtype:
     return torch.float32 if device.type == "cpu" else torch.bfloat16
 
 
-def power_buckets(n: int) -> tuple[int, ...]:
-    """1, 2, 4, ... up to ``n``, and ``n``: the batch sizes CUDA graphs are captured for, so that a batch of ``b``
-    runs in the smallest bucket that holds it (at most twice its size)."""
-    return tuple(sorted({min(2**i, n) for i in range(n.bit_length() + 1)}))
+# Above this many rows, buckets are its multiples instead of powers of two: a step's cost grows with its rows, and
+# 148 streams ran 256 rows in a power-of-two bucket. docs/BENCHMARKS.md, decisions: BUCKET_STEP
+BUCKET_STEP = 32
+
+
+def batch_buckets(n: int, step: int = BUCKET_STEP) -> tuple[int, ...]:
+    """The batch sizes CUDA graphs are captured for, up to ``n``: 1, 2, 4, ... up to ``step``, then every multiple
+    of ``step``, and ``n``. A batch of ``b`` runs in the smallest bucket that holds it: at most twice its size up to
+    ``step``, at most ``step - 1`` rows more above."""
+    powers = {2**i for i in range(step.bit_length())}
+    return tuple(sorted(b for b in powers | set(range(step, n + 1, step)) | {n} if b <= n))
 
 
 def tensor_version(t: torch.Tensor) -> int:

@@ -39,8 +39,8 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
         "--streams",
         type=int,
         default=1,
-        help="also run 2, 4, ... up to this many requests at once, compiling the kernels of every batch of busy "
-        "slots up to there (a server's --slots)",
+        help="also run 2, 4, ... 32, then every 32 up to this many requests at once, compiling the kernels of "
+        "every bucket of busy slots up to there (a server's --slots)",
     )
     p.add_argument(
         "--cfg-scale",

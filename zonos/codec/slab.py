@@ -2,9 +2,10 @@
 
 A :class:`VocoderSlab` holds ``rows`` streams' decoder states at fixed addresses, each in the steady shape of pushes
 of ``frames`` frames, and one :meth:`VocoderSlab.push` decodes the next ``frames`` frames of every row (one CUDA graph
-per bucket of rows: 1, 2, 4, ...). No stream needs a decoder of its own at its start or its end: a row counts as a
-stream that has run since long before its first frame with silence in every layer, and each push hands every layer
-a per-row range of its new input samples that hold signal (``sequence_tail``'s ``valid``), the rest read as zeros.
+per bucket of rows, :func:`~zonos.utils.batch_buckets`). No stream needs a decoder of its own at its start or its
+end: a row counts as a stream that has run since long before its first frame with silence in every layer, and each
+push hands every layer a per-row range of its new input samples that hold signal (``sequence_tail``'s ``valid``),
+the rest read as zeros.
 
 Why that is exact: the one-shot decoder pads each conv's input with zeros ("same" padding; Snake maps zero to zero),
 and a layer's input outside the stream (before its start, after its end) is exactly that padding in the slab. A row's
@@ -27,7 +28,7 @@ from torch import Tensor
 from zonos.codec.autoencoder import DACAutoencoder, decode_precision
 from zonos.codec.dac import DAC
 from zonos.codec.streaming import StreamingDACDecoder, WeightCasts
-from zonos.utils import power_buckets
+from zonos.utils import batch_buckets
 
 OPEN_END = 2**40  # a row's end (in frames) while its stream's length is not known
 
@@ -54,7 +55,7 @@ class VocoderSlab:
         self.decoder = StreamingDACDecoder(codec, fp16_autocast, cuda_graphs, casts)
         self.decoder._rows = rows
         self.rows, self.frames = rows, frames
-        self.buckets = power_buckets(rows)
+        self.buckets = batch_buckets(rows)
         field = self.decoder.receptive_field
         self.hop, self.lookahead = field.hop_length, field.lookahead_samples
         device = self.decoder._device

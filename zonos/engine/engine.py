@@ -7,8 +7,8 @@ freeing the slot at once. Requests queued together join together: their prefixes
 :data:`JOIN_BATCH` sequences on staging rows, each row padded to the longest prefix and masked past its own; see
 ``ZonosBackbone.forward``), then copied into their slots. While other requests run, the batch's prefill pieces
 alternate with their decode steps (as vLLM's chunked prefill does), so a join stalls them by one piece at most.
-Each step runs the smallest bucket of slots (1, 2, 4, ..., ``slots``) that holds every active one, so a
-lightly loaded engine pays for few rows.
+Each step runs the smallest bucket of slots (:func:`~zonos.utils.batch_buckets`: 1, 2, 4, ... 32, then every 32,
+and ``slots``) that holds every active one, so a step pays for about the rows it needs.
 
 Results reach the caller through a :class:`RequestHandle`: the one-shot codes (:meth:`RequestHandle.result`) or,
 for a stream, the :class:`~zonos.streaming.AudioChunk` s as they are decoded (iterate the handle). Submitting is
@@ -45,7 +45,7 @@ from zonos.errors import EngineClosedError, EngineFullError, ZonosInputError
 from zonos.ops.sampler import features, row_params_for, to_device
 from zonos.sampling import SamplingParams
 from zonos.streaming import DEFAULT_CHUNK_FRAMES, AudioChunk, ChunkAssembler, playable
-from zonos.utils import power_buckets
+from zonos.utils import batch_buckets
 
 VOCODER_FRAMES = 4  # frames per vocoder slab push; docs/BENCHMARKS.md, decisions: VOCODER_FRAMES
 SYNC_EVERY = 4  # steps between reads of the slots' flags (see _ActiveWatch); docs/BENCHMARKS.md, decisions: SYNC_EVERY
@@ -293,13 +293,13 @@ class Engine:
         # Joins prefill on these rows (two per sequence), then copy into their slots. One view per bucket of
         # sequences, made once: graphs are keyed by the state's serial.
         self.staging = model.backbone.allocate_inference_state(2 * self.join_batch, self.max_seqlen)
-        self.staging_rows = {u: row_view(self.staging, 0, 2 * u) for u in power_buckets(self.join_batch)}
+        self.staging_rows = {u: row_view(self.staging, 0, 2 * u) for u in batch_buckets(self.join_batch)}
         self.prefill_chunk = prefill_chunk
         self._joining: _Joining | None = None
         self.queue_size = queue_size
         self.graphs = graphs
         self.vocoder_graphs = graphs is not None
-        self.buckets = power_buckets(slots)
+        self.buckets = batch_buckets(slots)
         self._queue: deque[_Job] = deque()
         self._running: list[_Job] = []
         self._finishing: list[_Job] = []  # ended solo streams whose last audio is on its way (slots already free)
@@ -329,8 +329,11 @@ class Engine:
             )  # fmt: skip
         self.steps = 0  # decode steps run
         self.join_batches = 0  # batched prefills run (each of up to join_batch sequences)
+        self.join_sequences = 0  # the sequences they prefilled
         self.join_pieces = 0  # their pieces
         self.step_seconds = 0.0  # host time in them (wall: launches, or the whole step on the CPU)
+        self.join_seconds = 0.0  # host time in joins: admission, planning, prefill pieces, slot loads
+        self.slab_seconds = 0.0  # host time in slab pushes and in collecting their copies (waits included)
 
     # ------------------------------------------------------------------------------------------ public
 
@@ -497,18 +500,22 @@ class Engine:
         for job in list(self._running):
             if job.cancelled():
                 self._end(job, deliver=False)
+        started = time.perf_counter()
         if self._joining is None:
             self._joining = self._admit()
         if self._joining is not None:
             # Beside running requests one piece per step, so a join stalls them by one piece at most; alone, all.
             while not self._advance_join() and not self._running:
                 pass
+        self.join_seconds += time.perf_counter() - started
         if self._running:
             self._step()
         elif self.vocoding is not None and self.vocoding.members:
             self._slab_tick()  # only ended streams' last audio to push: no frames to wait for
         if self.vocoding is not None:
+            started = time.perf_counter()
             self._collect_slab()
+            self.slab_seconds += time.perf_counter() - started
 
     def _drop_cancelled_queued(self) -> None:
         for job in [j for j in self._queue if j.cancelled()]:
@@ -575,6 +582,7 @@ class Engine:
             rows = self.staging_rows[u]
             rows.reset()
             self.join_batches += 1
+            self.join_sequences += len(joining.batch)
             lengths = [p.shape[1] for unit in joining.batch for p in (unit.prefix,) * 2]
             joining.begin(rows, lengths + [0] * (rows.batch_size - len(lengths)), self._pieces, self.device)
         start, n = joining.piece()
@@ -822,9 +830,11 @@ class Engine:
 
     def _slab_tick(self) -> None:
         """Push the slab (its ring of host buffers full: after collecting the oldest copy, waiting for it)."""
+        started = time.perf_counter()
         while self.vocoding.full:
             self._collect_slab(wait=True)
         self.vocoding.tick()
+        self.slab_seconds += time.perf_counter() - started
 
     def _collect_slab(self, wait: bool = False) -> None:
         """Hand out the slab's chunks whose copies have arrived (``wait``: the oldest one's, waiting for it); close the

@@ -185,9 +185,10 @@ class SlabVocoding:
         n = max(self.members) + 1
         if self.full:
             raise RuntimeError("every host buffer of the slab holds a copy not collected yet")
+        if self.stream is not None:
+            # The step's codes: the engine's stream is current here (inside _on() it would be the slab's own).
+            self.stream.wait_stream(torch.cuda.current_stream(self.slots.offset.device))
         with self._on():
-            if self.stream is not None:
-                self.stream.wait_stream(torch.cuda.current_stream(self.slots.offset.device))  # the step's codes
             first = slab.first[:n]
             delayed = self.slots.delayed[:n]
             columns = (first + self._skip[:n])[:, None, None] + self._columns

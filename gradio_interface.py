@@ -515,12 +515,13 @@ def synthesis_events(
                     **settings,
                 )
             else:
-                budget = longform_budget(model, segments, language, request.max_new_tokens)
+                budget = longform_budget(model, segments, language, request.max_new_tokens, prefix_frames=prefix_frames)
                 stream = speak_segments(
                     model,
                     segments,
                     cond=cond,
                     stream=True,
+                    audio_prefix_codes=prefix_codes,
                     on_segment=lambda index, frames, most: ended.append(frames),
                     max_new_tokens=budget,
                     **settings,
@@ -614,11 +615,6 @@ def _check_request(request: SynthesisRequest, model_names: Sequence[str]) -> tup
     name = request.model_name or model_names[0]
     if name not in model_names:
         raise ZonosInputError(f"Unknown model {name!r}; this demo serves {list(model_names)}.")
-    if request.prefix_audio and len(segments) > 1:
-        raise ZonosInputError(
-            f"A prefix clip is continued by one segment of text (at most {DEFAULT_MAX_CHARS} characters); this "
-            f"text is {len(segments)} segments. Shorten the text, or clear the prefix audio to speak all of it."
-        )
     return segments, language, seed, name
 
 

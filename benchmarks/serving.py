@@ -121,8 +121,9 @@ async def one_request(client, body: dict, expect_samples: int, stats: dict) -> N
         stats["last"] = time.perf_counter()
 
 
-async def run_load(url: str, rate: float | None, streams: int | None, duration: float, frames: int, expect: int,
-                   seed: int) -> dict:
+async def run_load(
+    url: str, rate: float | None, streams: int | None, duration: float, frames: int, expect: int, seed: int
+) -> dict:
     """Open loop (``rate`` requests a second, Poisson arrivals) or closed loop (``streams`` clients, each sending
     its next request when the last one has finished) for ``duration`` seconds of sending."""
     import httpx
@@ -187,7 +188,10 @@ def main() -> None:
     p.add_argument("--device", default="cuda")
     p.add_argument("--rates", type=float, nargs="*", default=None, help="open loop: requests per second, one run each")
     p.add_argument(
-        "--streams", type=int, nargs="*", default=None,
+        "--streams",
+        type=int,
+        nargs="*",
+        default=None,
         help="closed loop: concurrent clients, one run each (e.g. 1 32 for TTFA at 1 and 32 streams)",
     )
     p.add_argument("--duration", type=float, default=None, help="seconds of arrivals per rate")
@@ -213,14 +217,21 @@ def main() -> None:
 
     model = build_model(args)
     settings = ServerSettings(
-        slots=args.slots, queue_size=args.queue_size, max_seqlen=args.max_seqlen, rate_limit=None,
-        max_new_tokens=args.frames, logits_processor=no_eos(model), warmup=not args.tiny,
+        slots=args.slots,
+        queue_size=args.queue_size,
+        max_seqlen=args.max_seqlen,
+        rate_limit=None,
+        max_new_tokens=args.frames,
+        logits_processor=no_eos(model),
+        warmup=not args.tiny,
         max_body_bytes=1 << 20,
     )
     t0 = time.perf_counter()
     server = Server(create_app(lambda: model, settings))
-    print(f"server up in {time.perf_counter() - t0:.1f} s on {model.device} ({model.dtype}), {args.slots} slots",
-          file=sys.stderr)
+    print(
+        f"server up in {time.perf_counter() - t0:.1f} s on {model.device} ({model.dtype}), {args.slots} slots",
+        file=sys.stderr,
+    )
     expect = args.frames * 512
     url = f"http://127.0.0.1:{server.port}"
     import multiprocessing
@@ -243,8 +254,10 @@ def main() -> None:
         server.stop()
     device = torch.cuda.get_device_name() if model.device.type == "cuda" else "cpu"
     size = "tiny" if args.tiny else "hybrid real-size"
-    title = (f"serving: {size} random weights on {device}, {args.slots} slots, {args.frames} frames "
-             f"({args.frames / 86.13:.1f} s) per request, {args.duration:g} s of sending per load")
+    title = (
+        f"serving: {size} random weights on {device}, {args.slots} slots, {args.frames} frames "
+        f"({args.frames / 86.13:.1f} s) per request, {args.duration:g} s of sending per load"
+    )
     print(table(rows, title))
 
 

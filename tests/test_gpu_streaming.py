@@ -58,7 +58,11 @@ def test_first_audio_is_not_held_for_a_step(model, monkeypatch):
     first = 2
     need = receptive_field(model.autoencoder.dac.config).lookahead_frames + first
     stream = model.generate(
-        prefix, max_new_tokens=40, progress_bar=False, stream=True, first_chunk_frames=first,
+        prefix,
+        max_new_tokens=40,
+        progress_bar=False,
+        stream=True,
+        first_chunk_frames=first,
         callback=lambda frame, step, max_steps: offsets.append(step + 1) or True,
     )
     for chunk in stream:

@@ -385,8 +385,6 @@ def test_bad_input_answers_with_its_message(server, uploads):
     assert "unknown request field(s) ['voice']" in _error(server, voice="x")
     assert "Unknown model 'other'" in _error(server, model_name="other")
     assert "The text is 5,000 characters; the demo speaks at most 4,096" in _error(server, text="word " * 1000)
-    msg = _error(server, text=LONG_TEXT, prefix_audio=str(uploads / "any.wav"))
-    assert "A prefix clip is continued by one segment of text" in msg and "5 segments" in msg
     assert len(server.loads) == calls  # all checked before the model is asked for
 
     garbage = uploads / "voice.wav"
@@ -488,6 +486,26 @@ def test_prefix_audio_is_continued(model, server, uploads):
         r"audio: use a shorter prefix clip or shorter text\.",
         msg,
     ), msg
+
+
+def test_long_text_continues_a_prefix_clip(long_model, long_server, uploads):
+    """A prefix clip leads the first segment of a long text: the stream is speak_segments' with the clip's codes
+    as its audio prefix, which the budget counts."""
+    clip = uploads / "long-prefix.wav"
+    sf.write(clip, 0.3 * np.random.default_rng(2).standard_normal(8000).astype(np.float32), 16000)
+    events, audio = _stream(long_server, text=LONG_TEXT, max_new_tokens=10, prefix_audio=str(clip))
+    wav = torch.from_numpy(sf.read(clip, dtype="float32")[0][None].copy())
+    codes = long_model.autoencoder.encode(long_model.autoencoder.preprocess(wav, 16000)[None])
+    s, cond, generation = _reference({"text": LONG_TEXT})
+    segments = split_text(LONG_TEXT)
+    budget = longform_budget(long_model, segments, "en-us", 10, prefix_frames=codes.shape[-1])
+    spoken = speak_segments(long_model, segments, cond=cond, max_new_tokens=budget, audio_prefix_codes=codes,
+                            **generation)  # fmt: skip
+    _assert_same_audio(audio, long_model.autoencoder.decode(spoken)[0, 0].numpy())
+    (start,) = _named(events, "start")
+    assert start["segments"] == 5 and start["prefix_frames"] == codes.shape[-1] > 10 and spoken.shape[-1] == 50
+    plain = speak_segments(long_model, segments, cond=cond, max_new_tokens=budget, **_reference({})[2])
+    assert not torch.equal(plain[..., :10], spoken[..., :10])  # the clip changed what the first segment says
 
 
 def test_speaker_audio_clones(model, server, uploads):

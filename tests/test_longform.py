@@ -1,12 +1,14 @@
 """Long-form speech (CPU, tiny model): segments stream as one utterance whose audio equals the one-shot decode of
 all segments' codes, and each segment's codes are those of generating it with the previous codes as prefix."""
 
+import time
+
 import pytest
 import torch
 
 from tests.tiny import tiny_model
 from zonos.conditioning import make_cond_dict
-from zonos.errors import ZonosInputError
+from zonos.errors import EngineFullError, ZonosInputError
 from zonos.longform import longform_budget, prefix_lengths, segment_budget, speak_segments
 
 SEGMENTS = ["The first sentence is short.", "Then comes a second one.", "And a third to end it."]
@@ -68,8 +70,14 @@ def test_bad_segments(model):
             speak_segments(model, ["Hi.", "<>"], stream=stream)
         with pytest.raises(ZonosInputError, match="unsupported language"):
             speak_segments(model, ["Hi."], cond={"language": "xx"}, stream=stream)
-    with pytest.raises(ZonosInputError, match="audio_prefix_codes"):
-        speak_segments(model, SEGMENTS, audio_prefix_codes=None)
+    with pytest.raises(ZonosInputError, match="batch_size"):
+        speak_segments(model, SEGMENTS, batch_size=2)
+    for bad, what in [(torch.zeros(1, 8, 5, dtype=torch.long), "shape"), (torch.rand(1, 9, 5), "integer tensor"),
+                      (torch.full((1, 9, 5), 1024), "codes in 0..1023"), ([[1]], "tensor")]:  # fmt: skip
+        with pytest.raises(ZonosInputError, match=f"audio_prefix_codes must .*{what}"):
+            speak_segments(model, SEGMENTS, audio_prefix_codes=bad)
+    with pytest.raises(ZonosInputError, match="full_wait must"):
+        speak_segments(model, SEGMENTS, full_wait=-1)
 
 
 def test_prefix_lengths_are_those_of_the_segments_requests(model):
@@ -119,3 +127,91 @@ def test_segments_that_leave_no_room_are_refused_before_any_work(model, monkeypa
             speak_segments(model, [SEGMENTS[0], long], stream=stream)
     with pytest.raises(ZonosInputError, match="on_segment must be a function"):
         speak_segments(model, SEGMENTS, on_segment="print")
+
+
+def _cond(model, text):
+    return model.prepare_conditioning(make_cond_dict(text=text, language="en-us"))
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_the_first_segment_continues_an_audio_prefix(model, stream):
+    audio = torch.randint(0, 1024, (1, 9, 12), generator=torch.Generator().manual_seed(4))
+    result = speak_segments(model, SEGMENTS[:2], stream=stream, audio_prefix_codes=audio, chunk_frames=4, **_kwargs(6))
+    codes = torch.cat([c.codes for c in result], -1) if stream else result
+    g = torch.Generator().manual_seed(6)
+    first = model.generate(_cond(model, SEGMENTS[0]), audio_prefix_codes=audio, max_new_tokens=24,
+                           progress_bar=False, generator=g)[..., 12:]  # fmt: skip
+    second = model.generate(_cond(model, f"{SEGMENTS[0]} {SEGMENTS[1]}"), audio_prefix_codes=first,
+                            max_new_tokens=24, progress_bar=False, generator=g)[..., first.shape[-1] :]  # fmt: skip
+    assert torch.equal(codes, torch.cat([first, second], -1))  # the prefix's frames are not in the result
+
+
+def test_an_audio_prefix_that_leaves_the_first_segment_no_room_is_refused_before_work(model, monkeypatch):
+    monkeypatch.setattr(model, "submit", lambda *a, **k: pytest.fail("submitted a segment that cannot fit"))
+    room = model.engine.max_seqlen - 9 - prefix_lengths(model, SEGMENTS)[0]
+    audio = torch.zeros(1, 9, room, dtype=torch.long)
+    for stream in (False, True):
+        with pytest.raises(ZonosInputError, match=rf"segment 1 of 3: .* audio prefix {room} frames .* Shorten"):
+            speak_segments(model, SEGMENTS, stream=stream, audio_prefix_codes=audio)
+    assert longform_budget(model, SEGMENTS, prefix_frames=room - 1, max_new_tokens=50) == 1
+
+
+def _full_for(model, monkeypatch, refusals: int):
+    """model.submit refusing a later segment's first ``refusals`` tries as a full engine does: after the refused
+    request drew its seed from the generator. Returns whether each call continued a previous segment."""
+    submit, calls = model.submit, []
+
+    def full_then_submit(prefix, **kwargs):
+        calls.append(kwargs["audio_prefix_codes"] is not None)
+        if calls[-1] and calls.count(True) <= refusals:
+            torch.randint(0, 2**62, (1,), generator=kwargs["generator"])  # as the refused request drew its seed
+            raise EngineFullError("the engine's queue is full")
+        return submit(prefix, **kwargs)
+
+    monkeypatch.setattr(model, "submit", full_then_submit)
+    return calls
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_later_segment_waits_for_room_in_a_full_engine(model, monkeypatch, stream):
+    expected = speak_segments(model, SEGMENTS[:2], **_kwargs(8))
+    calls = _full_for(model, monkeypatch, refusals=3)
+    result = speak_segments(model, SEGMENTS[:2], stream=stream, **_kwargs(8))
+    codes = torch.cat([c.codes for c in result], -1) if stream else result
+    assert calls == [False, True, True, True, True]  # three refusals, then the segment ran
+    assert torch.equal(codes, expected)  # waiting drew no extra seeds
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_full_engine_refuses_the_first_segment_at_once_and_a_later_one_after_full_wait(model, monkeypatch, stream):
+    def full(*args, **kwargs):
+        raise EngineFullError("the engine's queue is full")
+
+    with monkeypatch.context() as m:
+        m.setattr(model, "submit", full)
+        with pytest.raises(EngineFullError, match="queue is full"):
+            speak_segments(model, SEGMENTS, stream=stream, full_wait=30)  # streamed too: before the iterator
+    _full_for(model, monkeypatch, refusals=10**6)
+    started = time.monotonic()
+    with pytest.raises(EngineFullError, match=r"segment 2 of 3: the engine stayed full for 0.2 s"):
+        result = speak_segments(model, SEGMENTS, stream=stream, full_wait=0.2, **_kwargs(1))
+        if stream:
+            list(result)
+    assert 0.2 <= time.monotonic() - started < 10
+    assert _settled(model)
+
+
+def _settled(model, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while model.engine.busy and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return not model.engine.busy
+
+
+def test_closing_a_stream_before_reading_cancels_its_first_segment(model):
+    stream = speak_segments(model, SEGMENTS, stream=True, **_kwargs(2))
+    assert stream.handle is not None and not stream.handle.done
+    stream.close()
+    assert _settled(model)
+    assert torch.equal(speak_segments(model, SEGMENTS[:1], **_kwargs(2)),
+                       speak_segments(model, SEGMENTS[:1], **_kwargs(2)))  # fmt: skip

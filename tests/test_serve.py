@@ -291,6 +291,46 @@ def test_long_text_streams_whole(server, model):
     np.testing.assert_array_equal(got, pcm16(want))
 
 
+def test_long_text_continues_the_prefix_audio(server, model):
+    """A long text with prefix audio: the clip's codes lead the first segment and the rest follow it, as
+    speak_segments(audio_prefix_codes=...) speaks them from the same seed."""
+    from zonos.audio import MAX_PREFIX_SECONDS
+    from zonos.longform import speak_segments
+    from zonos.serve.service import read_clip
+
+    sr = 44_100
+    t = np.arange(int(0.2 * sr)) / sr
+    buf = io.BytesIO()
+    sf.write(buf, (0.3 * np.sin(2 * np.pi * 220 * t) * np.linspace(0.2, 1, t.size)).astype(np.float32), sr,
+             format="WAV", subtype="PCM_16")  # fmt: skip
+    clip = buf.getvalue()
+    wav, rate = read_clip(clip, "prefix_audio", MAX_PREFIX_SECONDS)
+    with torch.inference_mode():
+        codes = model.autoencoder.encode(model.autoencoder.preprocess(wav.mean(0, keepdim=True)[None], rate))
+    text = "The first sentence is here. A second one follows it."
+    server.settings.segment_chars = 30
+    try:
+        with client(server) as c:
+            body = native(text=text, seed=5, prefix_audio=base64.b64encode(clip).decode())
+            r = c.post("/v1/zonos/speech", json=body)
+    finally:
+        server.settings.segment_chars = 200
+    assert r.status_code == 200, r.text
+    chunks = speak_segments(
+        model,
+        ["The first sentence is here.", "A second one follows it."],
+        cond={},
+        stream=True,
+        audio_prefix_codes=codes,
+        max_new_tokens=FRAMES,
+        generator=torch.Generator().manual_seed(5),
+        progress_bar=False,
+        **SCHEDULE,
+    )
+    want = torch.cat([ch.audio for ch in chunks], -1)[0, 0].numpy()
+    np.testing.assert_array_equal(np.frombuffer(r.content, "<i2"), pcm16(want))
+
+
 # ---------------------------------------------------------------------------------- concurrency
 
 
@@ -459,6 +499,27 @@ def test_full_queue_is_503_with_retry_after(model):
                     busy = c3.post("/v1/zonos/speech", json=short)
                 _error(busy, 503, "engine_full")
                 assert int(busy.headers["retry-after"]) >= 1
+    finally:
+        srv.stop()
+        model.start_engine(slots=4, queue_size=64)
+
+
+def test_long_text_into_a_full_engine_is_503_before_the_answer(model):
+    """A long text's first segment is submitted before the 200: a full engine answers it 503 at once."""
+    settings = ServerSettings(rate_limit=None, slots=None, max_new_tokens=250, segment_chars=30)
+    model.start_engine(slots=1, queue_size=1)
+    srv = Server(create_app(lambda: model, settings))
+    try:
+        with client(srv, key=None) as c, c.stream("POST", "/v1/zonos/speech", json=native(seed=1)) as r:
+            assert r.status_code == 200
+            pieces = r.iter_raw()  # kept: a dropped iterator closes the stream
+            next(pieces)  # the one slot is taken
+            with client(srv, key=None) as c2, c2.stream("POST", "/v1/zonos/speech", json=native()) as queued:
+                assert queued.status_code == 200 and (model.engine.active, model.engine.queued) == (1, 1)
+                with client(srv, key=None) as c3:
+                    long = native(text="The first sentence is here. A second one follows it.")
+                    busy = c3.post("/v1/zonos/speech", json=long)
+                _error(busy, 503, "engine_full")
     finally:
         srv.stop()
         model.start_engine(slots=4, queue_size=64)

@@ -35,13 +35,12 @@ async def speak(request: Request, spec: SpeechSpec, service: SpeechService, metr
     arrived = time.perf_counter()
     service.check(spec)
     plan = await asyncio.to_thread(service.prepare, spec)
-    handle = None  # long text: the feeder speaks its segments through zonos.longform
-    if len(plan["segments"]) == 1:
-        handle = await asyncio.to_thread(service.submit_segment, spec, plan)
+    # The first (or only) segment is submitted before the answer begins, so a full engine gets its 503 here.
+    submit = service.submit_segment if len(plan["segments"]) == 1 else service.submit_longform
+    handle = await asyncio.to_thread(submit, spec, plan)
     job = Job(asyncio.get_running_loop())
     job.handle = handle
-    feeder = threading.Thread(target=service.feed, args=(job, spec, plan, handle), name="zonos-serve-feed",
-                              daemon=True)  # fmt: skip
+    feeder = threading.Thread(target=service.feed, args=(job, handle), name="zonos-serve-feed", daemon=True)
     feeder.start()
     rate = OPUS_RATE if spec.response_format == "opus" else SAMPLE_RATE
     headers = {"X-Zonos-Seed": str(plan["seed"]), "X-Sample-Rate": str(rate), "X-Zonos-Instance": instance,

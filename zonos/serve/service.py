@@ -30,7 +30,7 @@ END = object()  # the last item of a job's queue
 
 
 class Job:
-    """One speech response: its engine handle (the current segment's), a queue the feeder thread fills with
+    """One speech response: its engine handle (or a long text's chunk iterator), a queue the feeder thread fills with
     audio pieces, and cancellation from the response side."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -188,7 +188,6 @@ class SpeechService:
         """Everything up to the first segment's submit (on a worker thread): speaker, segments, prefix audio."""
         from zonos.conditioning import make_cond_dict
         from zonos.conditioning.segments import split_text
-        from zonos.longform import longform_budget
 
         segments = split_text(spec.text, self.settings.segment_chars)
         # Every segment's conditioning inputs are checked here, before the clips are decoded and before the 200:
@@ -197,11 +196,7 @@ class SpeechService:
         for text in segments:
             make_cond_dict(text=text, device="cpu", **spec.cond)
         if len(segments) > 1:  # the slots must hold two segments' text with room for audio
-            longform_budget(
-                self.model, segments, spec.cond.get("language", "en-us"), self.max_frames(spec),
-                self.engine.max_seqlen, fix=f"Send at most {self.settings.segment_chars} characters (one segment) "
-                "per request, or ask the server's operator for a larger --max-seqlen or a smaller segment_chars",
-            )  # fmt: skip
+            self.longform_budget(spec, segments)
         if spec.speaker_audio:
             speaker = self.embed_clip(spec.speaker_audio, "speaker_audio")
         else:
@@ -213,6 +208,8 @@ class SpeechService:
             with self.condition_lock, torch.inference_mode():
                 wav = ae.preprocess(wav.mean(0, keepdim=True)[None].to(self.model.device), sr)
                 codes = ae.encode(wav)
+            if len(segments) > 1:  # the first segment holds the clip's frames beside its text
+                self.longform_budget(spec, segments, codes.shape[-1])
         seed = spec.seed if spec.seed is not None else secrets.randbelow(2**63)
         return dict(
             speaker=speaker,
@@ -221,6 +218,17 @@ class SpeechService:
             seed=seed,
             generator=torch.Generator().manual_seed(seed),
         )
+
+    def longform_budget(self, spec: SpeechSpec, segments: list[str], prefix_frames: int = 0) -> int:
+        """:func:`zonos.longform.longform_budget` of a long text, its errors naming what client and operator can
+        change."""
+        from zonos.longform import longform_budget
+
+        return longform_budget(
+            self.model, segments, spec.cond.get("language", "en-us"), self.max_frames(spec), self.engine.max_seqlen,
+            prefix_frames=prefix_frames, fix=f"Send at most {self.settings.segment_chars} characters (one segment) "
+            "per request, or ask the server's operator for a larger --max-seqlen or a smaller segment_chars",
+        )  # fmt: skip
 
     def submit_segment(self, spec: SpeechSpec, plan: dict):
         """Condition the text of a one-segment request and submit it to the engine; returns the handle."""
@@ -255,24 +263,9 @@ class SpeechService:
             logits_processor=self.settings.logits_processor,
         )
 
-    def feed(self, job: Job, spec: SpeechSpec, plan: dict, handle) -> None:
-        """The feeder thread: the chunks of a one-segment request (``handle``), or with ``handle`` None every
-        segment's from ``zonos.longform.speak_segments``, into ``job``'s queue as float32 arrays; an error, then
-        the end marker."""
-        try:
-            if handle is None:
-                self._feed_longform(job, spec, plan)
-                return
-            if not job.attach(handle):
-                return
-            for chunk in handle:
-                job.put(chunk.audio[0, 0].float().cpu().numpy())
-        except Exception as err:  # noqa: BLE001 - the response side reports it
-            job.put(err)
-        finally:
-            job.put(END)
-
-    def _feed_longform(self, job: Job, spec: SpeechSpec, plan: dict) -> None:
+    def submit_longform(self, spec: SpeechSpec, plan: dict):
+        """Start speaking a long text through :func:`zonos.longform.speak_segments` (the first segment submitted
+        now, so a full engine refuses it here; the prefix audio continued by it); returns its chunk iterator."""
         from zonos.longform import speak_segments
 
         gen = dict(
@@ -287,14 +280,26 @@ class SpeechService:
             if getattr(spec, key):
                 gen[key] = getattr(spec, key)
         cond = dict(spec.cond, speaker=plan["speaker"], device=self.model.device)
-        chunks = speak_segments(self.model, plan["segments"], cond=cond, stream=True, **gen)
+        with self.condition_lock:
+            return speak_segments(
+                self.model, plan["segments"], cond=cond, stream=True, audio_prefix_codes=plan["prefix_codes"], **gen
+            )
+
+    def feed(self, job: Job, handle) -> None:
+        """The feeder thread: the chunks of ``handle`` (a one-segment request's, or a long text's from
+        :meth:`submit_longform`) into ``job``'s queue as float32 arrays; an error, then the end marker."""
         try:
-            for chunk in chunks:
-                if job.cancelled:
-                    return
+            if not job.attach(handle):
+                return
+            for chunk in handle:
                 job.put(chunk.audio[0, 0].float().cpu().numpy())
+        except Exception as err:  # noqa: BLE001 - the response side reports it
+            job.put(err)
         finally:
-            chunks.close()
+            close = getattr(handle, "close", None)  # a long text's iterator: stop before its next segment
+            if close is not None:
+                close()
+            job.put(END)
 
 
 def read_clip(data: bytes, param: str, max_seconds: float) -> tuple[torch.Tensor, int]:

@@ -615,44 +615,75 @@ class Engine:
 
     def _load(self, joining: _Joining) -> None:
         """A prefilled batch: each sequence's first token sampled from its prefix's last position, its slot loaded
-        from the prefix's two staging rows."""
+        from the prefix's two staging rows; every sequence of the batch at once (a fixed number of launches, one
+        call of each logits processor), so a join's host time does not grow with the sequences it holds."""
         model, device = self.model, self.device
         u = len(joining.batch)
         last = joining.last()[: 2 * u]
         cfg = to_device([unit.job.request.cfg_scale for unit in joining.batch], torch.float32, device)
         prefilled = model.guided_logits(last, cfg)
-        for j, unit in enumerate(joining.batch):
-            job, r = unit.job, unit.job.request
-            if job.failed:
-                continue
+        seqs = [(j, unit.job, i) for j, unit in enumerate(joining.batch) if not unit.job.failed
+                for i in unit.sequences()]  # fmt: skip
+        logits = prefilled.index_select(0, to_device([j for j, _, _ in seqs], torch.int64, device))
+        for index in sorted({job.processor for _, job, _ in seqs} - {0}):
+            mine = [k for k, (_, job, _) in enumerate(seqs) if job.processor == index]
+            rows = to_device(mine, torch.int64, device)
+            fn = seqs[mine[0]][1].request.logits_processor
             try:
-                for i in unit.sequences():
-                    seed = to_device([r.seeds[i]], torch.int64, device)
-                    step = torch.zeros(1, dtype=torch.long, device=device)
-                    logits = prefilled[j : j + 1]
-                    if r.logits_processor is not None:
-                        logits = _processed(r.logits_processor, logits, step)
-                    none = torch.zeros(1, MAX_WINDOW, dtype=torch.bool, device=device)
-                    recent = torch.zeros(1, N_CODEBOOKS, MAX_WINDOW, dtype=torch.long, device=device)
-                    tokens = model.backbone.ops.sample_rows(
-                        logits, row_params_for(r.sampling, device), recent, none, seed, step, features([r.sampling])
-                    )
-                    column = job.delayed[i, :, job.offset]
-                    job.delayed[i, :, job.offset] = torch.where(column == UNKNOWN, tokens[0], column)
-                    self.slots.load(
-                        job.slots[i],
-                        row_view(joining.rows, 2 * j, 2 * j + 2),
-                        unit.prefix.shape[1],
-                        job.delayed[i],
-                        job.offset,
-                        job.limit,
-                        r.cfg_scale,
-                        r.seeds[i],
-                        r.sampling,
-                        job.processor,
-                    )
-            except Exception as err:  # noqa: BLE001 - e.g. its logits processor's error: it fails this request only
-                self._fail(job, err)
+                step = torch.zeros(len(mine), dtype=torch.long, device=device)
+                logits = logits.index_copy(0, rows, _processed(fn, logits.index_select(0, rows), step))
+            except Exception as err:  # noqa: BLE001 - e.g. a processor's error: it fails its requests only
+                for job in dict.fromkeys(seqs[k][1] for k in mine):
+                    self._fail(job, err)
+        keep = [k for k, (_, job, _) in enumerate(seqs) if not job.failed]
+        if not keep:
+            return
+        if len(keep) < len(seqs):
+            logits = logits.index_select(0, to_device(keep, torch.int64, device))
+            seqs = [seqs[k] for k in keep]
+        try:
+            n = len(seqs)
+            requests = [job.request for _, job, _ in seqs]
+            sampling = [r.sampling for r in requests]
+            seeds = [r.seeds[i] for (_, _, i), r in zip(seqs, requests)]
+            tokens = model.backbone.ops.sample_rows(
+                logits,
+                row_params_for(sampling, device),
+                torch.zeros(n, N_CODEBOOKS, MAX_WINDOW, dtype=torch.long, device=device),
+                torch.zeros(n, MAX_WINDOW, dtype=torch.bool, device=device),
+                to_device(seeds, torch.int64, device),
+                torch.zeros(n, dtype=torch.long, device=device),
+                features(sampling),
+            )
+            width = max(job.delayed.shape[-1] for _, job, _ in seqs)
+            delayed = torch.full((n, N_CODEBOOKS, width), UNKNOWN, dtype=torch.long, device=device)
+            for k, (_, job, i) in enumerate(seqs):
+                delayed[k, :, : job.delayed.shape[-1]] = job.delayed[i]
+            # The first token goes where the sequence's column is still unknown (an audio prefix's columns stay).
+            at = (
+                to_device([job.offset for _, job, _ in seqs], torch.int64, device)
+                .view(n, 1, 1)
+                .expand(-1, N_CODEBOOKS, 1)
+            )
+            column = delayed.gather(2, at)
+            delayed.scatter_(2, at, torch.where(column == UNKNOWN, tokens[..., None], column))
+            self.slots.load(
+                [job.slots[i] for _, job, i in seqs],
+                joining.rows,
+                [j for j, _, _ in seqs],
+                [joining.batch[j].prefix.shape[1] for j, _, _ in seqs],
+                delayed,
+                [job.offset for _, job, _ in seqs],
+                [job.limit for _, job, _ in seqs],
+                [r.cfg_scale for r in requests],
+                seeds,
+                sampling,
+                [job.processor for _, job, _ in seqs],
+            )
+        except Exception as err:  # noqa: BLE001 - it fails this batch's requests, not the engine
+            for job in dict.fromkeys(job for _, job, _ in seqs):
+                if not job.failed:
+                    self._fail(job, err)
 
     def _start(self, job: _Job) -> None:
         """A prefilled request joins the decode steps (and, streamed, the vocoder slab or a decoder of its own)."""

@@ -38,17 +38,20 @@ def row_view(state: InferenceState, start: int, stop: int) -> InferenceState:
     return view
 
 
-def copy_rows(dst: InferenceState, start: int, src: InferenceState, length: int) -> None:
-    """Copy ``src``'s rows (all of them, ``length`` tokens consumed) into ``dst``'s rows from ``start``."""
-    stop = start + src.batch_size
+def copy_rows(dst: InferenceState, dst_rows: torch.Tensor, src: InferenceState, src_rows: torch.Tensor,
+              lengths: torch.Tensor, longest: int) -> None:  # fmt: skip
+    """Copy ``src``'s rows ``src_rows`` into ``dst``'s rows ``dst_rows`` (device indexes), row ``k`` having consumed
+    ``lengths[k]`` tokens of at most ``longest``: one copy per cache tensor, whatever the rows. Attention caches are
+    copied to ``longest``; a shorter row's positions past its length are never read (attention reads a row below
+    its position) and the steps overwrite them."""
     for d, s in zip(dst.caches, src.caches):
         if isinstance(d, KVCache):
-            d.k[start:stop, :length].copy_(s.k[:, :length])
-            d.v[start:stop, :length].copy_(s.v[:, :length])
+            for to, of in ((d.k, s.k), (d.v, s.v)):
+                to[:, :longest].index_copy_(0, dst_rows, of[:, :longest].index_select(0, src_rows))
         else:
-            d.conv[start:stop].copy_(s.conv)
-            d.ssm[start:stop].copy_(s.ssm)
-    dst.position[start:stop].fill_(length)
+            d.conv.index_copy_(0, dst_rows, s.conv.index_select(0, src_rows))
+            d.ssm.index_copy_(0, dst_rows, s.ssm.index_select(0, src_rows))
+    dst.position.index_copy_(0, dst_rows, lengths.to(dst.position.dtype))
 
 
 class Slots:
@@ -76,34 +79,45 @@ class Slots:
         self.params = RowParams.allocate(count, device)
         self.active = torch.zeros(count, device=device, dtype=torch.bool)  # after the last step
         self._window = torch.arange(MAX_WINDOW, device=device)
+        self._columns = torch.arange(max_seqlen, device=device)
 
     def load(
         self,
-        slot: int,
+        slots: list[int],
         staging: InferenceState,
-        length: int,
+        pairs: list[int],
+        lengths: list[int],
         delayed: torch.Tensor,
-        offset: int,
-        limit: int,
-        cfg_scale: float,
-        seed: int,
-        params: SamplingParams,
-        processor: int,
+        offsets: list[int],
+        limits: list[int],
+        cfg_scales: list[float],
+        seeds: list[int],
+        params: list[SamplingParams],
+        processors: list[int],
     ) -> None:
-        """Put a prefilled request into ``slot``: its 2-row backbone state after ``length`` tokens, its delayed
-        codes (9, columns) written up to column ``offset``, its last column ``limit`` and settings. The slot stays
-        inactive (steps leave it alone) until :meth:`activate`."""
-        copy_rows(self.state, 2 * slot, staging, length)
-        self.delayed[slot].fill_(UNKNOWN)
-        self.delayed[slot, :, : delayed.shape[-1]].copy_(delayed)
-        # One host transfer, then device-side copies (element writes from Python would each wait for the GPU).
-        ints = to_device([offset, limit, seed, 1, processor], torch.int64, self.offset.device)
-        for buffer, value in zip((self.offset, self.limit, self.seeds, self.steps, self.processor), ints):
-            buffer[slot : slot + 1].copy_(value)
-        self.cfg[slot : slot + 1].fill_(cfg_scale)
-        self.stopping[slot : slot + 1].fill_(False)
-        self.prefill_eos[slot : slot + 1].copy_((delayed[0, : offset + 1] == self.model.eos_token_id).any().view(1))
-        self.params.set_row(slot, params)
+        """Put prefilled sequences into their slots, sequence ``k`` into ``slots[k]``: the backbone state of
+        ``staging``'s row pair ``pairs[k]`` after ``lengths[k]`` tokens, its delayed codes ``delayed[k]`` (9,
+        columns) written up to column ``offsets[k]``, its last column ``limits[k]`` and settings. A fixed number of
+        launches, whatever the count. The slots stay inactive (steps leave them alone) until :meth:`activate`."""
+        device, n = self.offset.device, len(slots)
+        # One host transfer per dtype, then device-side copies (element writes from Python would each wait).
+        ints = to_device(
+            [list(row) for row in zip(slots, offsets, limits, seeds, [1] * n, processors, lengths)], torch.int64, device
+        )
+        index, offset = ints[:, 0], ints[:, 1]
+        for k, buffer in enumerate((self.offset, self.limit, self.seeds, self.steps, self.processor), start=1):
+            buffer.index_copy_(0, index, ints[:, k])
+        self.cfg.index_copy_(0, index, to_device(cfg_scales, torch.float32, device))
+        self.stopping.index_fill_(0, index, False)
+        rows = torch.stack([2 * index, 2 * index + 1], 1).flatten()
+        sources = to_device([[2 * p, 2 * p + 1] for p in pairs], torch.int64, device).flatten()
+        copy_rows(self.state, rows, staging, sources, ints[:, 6].repeat_interleave(2), max(lengths))
+        codes = delayed.new_full((n, N_CODEBOOKS, self.max_seqlen), UNKNOWN)
+        codes[..., : delayed.shape[-1]] = delayed
+        self.delayed.index_copy_(0, index, codes)
+        written = self._columns <= offset[:, None]
+        self.prefill_eos.index_copy_(0, index, ((codes[:, 0] == self.model.eos_token_id) & written).any(-1))
+        self.params.set_rows(slots, params)
 
     def activate(self, index: torch.Tensor) -> None:
         """Let the next steps run the loaded slots ``index`` (a device index): a request's slots start together,

@@ -106,15 +106,22 @@ class RowParams:
     _INTS = ("top_k", "window")
 
     def set_row(self, row: int, p: SamplingParams) -> None:
-        """Write request parameters ``p`` into row ``row`` (device-side copies from one host transfer: writing
+        """Write request parameters ``p`` into row ``row``."""
+        self.set_rows([row], [p])
+
+    def set_rows(self, rows: Sequence[int], params: Sequence[SamplingParams]) -> None:
+        """Write ``params[k]`` into row ``rows[k]`` (one host transfer per dtype, then device-side copies: writing
         device tensors element by element from Python would make the host wait for the GPU at every element)."""
-        floats = to_device([p.temperature, p.top_p, p.min_p, p.linear, p.conf, p.quad, p.repetition_penalty],
-                           torch.float32, self.temperature.device)  # fmt: skip
-        ints = to_device([p.top_k, p.repetition_penalty_window], torch.int64, self.temperature.device)
-        for name, value in zip(self._FLOATS, floats):
-            getattr(self, name)[row : row + 1].copy_(value)
-        for name, value in zip(self._INTS, ints):
-            getattr(self, name)[row : row + 1].copy_(value)
+        device = self.temperature.device
+        floats = to_device([[p.temperature, p.top_p, p.min_p, p.linear, p.conf, p.quad, p.repetition_penalty]
+                            for p in params], torch.float32, device)  # fmt: skip
+        ints = to_device([[p.top_k, p.repetition_penalty_window, row] for p, row in zip(params, rows)], torch.int64,
+                         device)  # fmt: skip
+        index = ints[:, 2]
+        for k, name in enumerate(self._FLOATS):
+            getattr(self, name).index_copy_(0, index, floats[:, k])
+        for k, name in enumerate(self._INTS):
+            getattr(self, name).index_copy_(0, index, ints[:, k])
 
     def head(self, n: int) -> RowParams:
         """The first ``n`` rows (views)."""
@@ -190,10 +197,10 @@ def sample_rows(
     return tokens
 
 
-def row_params_for(params: SamplingParams, device: torch.device) -> RowParams:
-    """A one-row :class:`RowParams` (for a prefill's first token)."""
-    rows = RowParams.allocate(1, device)
-    rows.set_row(0, params)
+def row_params_for(params: Sequence[SamplingParams], device: torch.device) -> RowParams:
+    """A :class:`RowParams` of one row per request in ``params`` (for the prefills' first tokens)."""
+    rows = RowParams.allocate(len(params), device)
+    rows.set_rows(range(len(params)), params)
     return rows
 
 

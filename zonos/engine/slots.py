@@ -112,11 +112,11 @@ class Slots:
         rows = torch.stack([2 * index, 2 * index + 1], 1).flatten()
         sources = to_device([[2 * p, 2 * p + 1] for p in pairs], torch.int64, device).flatten()
         copy_rows(self.state, rows, staging, sources, ints[:, 6].repeat_interleave(2), max(lengths))
-        codes = delayed.new_full((n, N_CODEBOOKS, self.max_seqlen), UNKNOWN)
-        codes[..., : delayed.shape[-1]] = delayed
-        self.delayed.index_copy_(0, index, codes)
-        written = self._columns <= offset[:, None]
-        self.prefill_eos.index_copy_(0, index, ((codes[:, 0] == self.model.eos_token_id) & written).any(-1))
+        width = delayed.shape[-1]
+        self.delayed.index_fill_(0, index, UNKNOWN)
+        self.delayed[..., :width].index_copy_(0, index, delayed)
+        written = self._columns[:width] <= offset[:, None]
+        self.prefill_eos.index_copy_(0, index, ((delayed[:, 0] == self.model.eos_token_id) & written).any(-1))
         self.params.set_rows(slots, params)
 
     def activate(self, index: torch.Tensor) -> None:

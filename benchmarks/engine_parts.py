@@ -10,7 +10,10 @@ Real-size Zonos-v0.1-hybrid and DAC 44.1 kHz with random bf16 weights. Three tab
 - vocoder slab: GPU ms of a :class:`~zonos.codec.slab.VocoderSlab` push of ``b`` rows (inputs masked per row);
 - join: ``u`` requests of ``--prefix`` tokens queued together (one batched prefill, for each bucket of the
   engine's staging rows): wall ms of the whole join (prefill pieces, first tokens, slot loads, one step) and the
-  GPU ms of the prefill pieces alone, per request.
+  GPU ms of the prefill pieces alone, per request;
+- real-time budget (with step and slab): per step bucket n, the step's GPU ms plus a frame's share of the slab's
+  push of n rows, against one frame of audio (11.61 ms), and the joins per second the rest of the GPU's time
+  pays for (at the cheapest per-request join timed).
 
     python3 benchmarks/engine_parts.py [--buckets 1 8 64 128 256] [--rows 1 16 64 256] [--frames 1 16]
                                      [--parts join step vocoder slab]
@@ -192,6 +195,41 @@ def join_table(model, prefix_tokens: int) -> list[dict]:
     return out
 
 
+def _interpolate(points: list[tuple[int, float]], x: int) -> float:
+    """Piecewise-linear through ``points`` (sorted by x), extended along the last segment past its ends."""
+    if len(points) == 1:
+        return points[0][1] * x / points[0][0]
+    for (x0, y0), (x1, y1) in zip(points, points[1:]):
+        if x <= x1 or (x1, y1) == points[-1]:
+            return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    raise AssertionError
+
+
+def budget_table(steps: list[dict], slab: list[dict], joins: list[dict]) -> list[dict]:
+    """The GPU's real-time budget at n streams: one decode step over n slots plus a frame's share of the slab's
+    push of n rows must fit one frame of audio (512 / 44100 s); what is left over pays for joins (a request's
+    prefill, in batches of the largest bucket timed)."""
+    frames = max(r["frames"] for r in slab)
+    pushes = [(r["rows"], r["GPU ms"] / frames) for r in sorted(slab, key=lambda r: r["rows"]) if r["frames"] == frames]
+    join_ms = min((r["GPU ms per request"] for r in joins), default=None)
+    budget = 1e3 * 512 / 44100
+    out = []
+    for r in steps:
+        n = r["slots"]
+        vocoder = _interpolate(pushes, n)
+        left = budget - r["GPU ms"] - vocoder
+        out.append(
+            {
+                "streams": n,
+                "step GPU ms": r["GPU ms"],
+                f"slab ms per frame ({frames}-frame pushes)": round(vocoder, 3),
+                "÷ audio frame": round((r["GPU ms"] + vocoder) / budget, 2),
+                "joins/s left": round(1e3 * left / budget / join_ms, 1) if join_ms and left > 0 else 0.0,
+            }
+        )
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--buckets", type=int, nargs="+", default=[1, 8, 64, 128, 256], help="slot buckets to time")
@@ -212,8 +250,10 @@ def main() -> None:
         steps = step_table(model, args.buckets, args.kv, bandwidth) if "step" in args.parts else []
         vocoder = vocoder_table(codec, args.rows, args.frames) if "vocoder" in args.parts else []
         slab = slab_table(codec, args.rows, args.frames) if "slab" in args.parts else []
+    budget = budget_table(steps, slab, joins) if steps and slab else []
     for rows, title in ((steps, "decode step over n slots (2n rows)"), (vocoder, "streaming vocoder push, b streams "
-                        "together"), (slab, "vocoder slab push, b rows"), (joins, "join")):  # fmt: skip
+                        "together"), (slab, "vocoder slab push, b rows"), (joins, "join"),
+                        (budget, "real-time budget: step + slab per frame against 11.61 ms of audio")):  # fmt: skip
         if rows:
             print(table(rows, title))
 

@@ -91,8 +91,6 @@ def _binary(length):
 
 
 def _schedules(length):
-    from zonos_accel.graphs import prefill_pieces
-
     irregular, rest = [], length
     for n in [5, 1, 16, 3, 64, 2, 100]:
         if rest <= 0:
@@ -100,7 +98,7 @@ def _schedules(length):
         irregular.append(min(n, rest))
         rest -= irregular[-1]
     irregular += [rest] if rest > 0 else []
-    return {"graph": prefill_pieces(length), "binary": _binary(length), "irregular": irregular}
+    return {"binary": _binary(length), "irregular": irregular}
 
 
 def _caches(state):
@@ -139,14 +137,16 @@ def test_prefill_in_fixed_size_pieces_equals_one_prefill(kind, length):
 
 
 def test_prefill_pieces_schedule():
-    from zonos_accel.graphs import MAX_PIECE, PIECE_SIZES, prefill_pieces
+    """Whole pieces of 256, then one padded to a multiple of 16: one piece up to 256 tokens, from 16 sizes."""
+    from zonos.engine.engine import STAGING_ROOM
+    from zonos_accel.graphs import MAX_PIECE, PIECE_SIZES, PIECE_STEP, padded_length, prefill_pieces
 
-    assert len(PIECE_SIZES) == len(set(PIECE_SIZES)) == 31
-    assert prefill_pieces(121) == [112, 9] and prefill_pieces(1001) == [256, 256, 256, 224, 9]
+    assert len(PIECE_SIZES) == len(set(PIECE_SIZES)) == 16 and STAGING_ROOM >= PIECE_STEP
+    assert prefill_pieces(121) == [128] and prefill_pieces(1001) == [256, 256, 256, 240]
     for length in range(1, 1100):
         pieces = prefill_pieces(length)
-        assert sum(pieces) == length and set(pieces) <= set(PIECE_SIZES)
-        assert len(pieces) <= length // MAX_PIECE + 2
+        assert sum(pieces) == padded_length(length) and 0 <= padded_length(length) - length < PIECE_STEP
+        assert set(pieces) <= set(PIECE_SIZES) and len(pieces) == -(-length // MAX_PIECE)
 
 
 def test_prefill_attention_reference():

@@ -78,7 +78,7 @@ def _requests(model):
     kw = dict(progress_bar=False)
     short = _prefix(model, "Hi.")
     piece = _prefix(model, "A longer sentence, with more words in it, to speak.")
-    long = torch.cat([piece] * -(-270 // piece.shape[1]), dim=1)[:, :270]  # prefill pieces of 256 and 15
+    long = torch.cat([piece] * -(-270 // piece.shape[1]), dim=1)[:, :270]  # pieces 256 + 16 (1 padding)
     codes = [
         model.generate(short, max_new_tokens=20, generator=torch.Generator().manual_seed(1), **kw),
         model.generate(long, max_new_tokens=12, generator=torch.Generator().manual_seed(2), **kw),

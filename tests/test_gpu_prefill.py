@@ -110,10 +110,10 @@ def test_prepare_captures_every_piece_ahead():
     with torch.inference_mode(), torch.cuda.stream(side):
         graphs.prepare_prefill(model.backbone, state, sizes=prefill_pieces(121))
     torch.cuda.synchronize()
-    assert graphs.captures == 2  # 112 + 9
+    assert graphs.captures == 1  # 121 tokens: one piece of 128
     prefix = _prefix(120, 9)
     graph = _prefill(model, prefix, state, graphs)
-    assert graphs.captures == 2
+    assert graphs.captures == 1
     _assert_close(graph, _prefill(model, prefix, state), 1e-5)
 
 
@@ -177,7 +177,7 @@ def test_real_size_bf16_triton_graphed_prefill_within_bf16_noise():
     model = real_size_bf16()
     reference = copy.deepcopy(model).float()
     reference.set_backend(REFERENCE)
-    lengths = (120, 300)  # pieces 112 + 9, and 256 + 32 + 13
+    lengths = (120, 300)  # pieces 128 (7 padding), and 256 + 48 (3 padding)
     prefixes = [_prefix(length, seed, d=2048, dtype=torch.bfloat16) for seed, length in enumerate(lengths)]
     ref_state = _state(reference)
     ref = [_prefill(reference, p, ref_state) for p in prefixes]
@@ -207,7 +207,7 @@ def test_real_size_bf16_ragged_graphed_prefill_matches_each_sequence_alone():
     """The engine's batched join with every Triton op: three sequences of 121, 41 and 301 tokens and an empty
     bucket row pair, padded to 301 (padding poisoned with large values) and run as the graphed pieces of 301 with
     per-row lengths, leave each sequence the output at its positions, SSM and conv states and position that its
-    own graphed prefill leaves, within bf16 noise (its pieces differ: 121 = 112 + 9 alone)."""
+    own graphed prefill leaves, within bf16 noise (its pieces differ: 256 + 48 batched, 128 alone)."""
     from zonos_accel.triton import triton_backend
 
     model = real_size_bf16(max_seqlen=512)

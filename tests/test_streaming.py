@@ -168,7 +168,7 @@ def test_warmup_leaves_no_trace(model, prefix, capsys):
 
 def test_warmup_can_capture_every_prefill_piece(model, prefix):
     """With ``all_prefill_lengths`` the warm-up asks the engine's graph cache (set up on CUDA) to capture every
-    prefill piece size on each bucket of the engine's staging rows, in the form that takes per-row lengths."""
+    prefill piece size on each bucket of the engine's staging rows."""
     prepared = []
     engine = model.engine
 
@@ -179,17 +179,16 @@ def test_warmup_can_capture_every_prefill_piece(model, prefix):
         def prefill_piece(self, backbone, hidden, state, valid):
             return backbone(hidden, state, valid)
 
-        def prepare_prefill(self, backbone, state, ragged):
-            prepared.append((state, ragged))
+        def prepare_prefill(self, backbone, state):
+            prepared.append(state)
 
     engine.use_graphs(Graphs())
     try:
         model.warmup(prefix_length=5, frames=11, all_prefill_lengths=True, progress_bar=False)
     finally:
         engine.use_graphs(None)
-    rows = [(prepared_state.batch_size, ragged) for prepared_state, ragged in prepared]
-    assert rows == [(2 * u, True) for u in (1, 2, 4)]
-    assert all(state.position.data_ptr() == engine.staging.position.data_ptr() for state, _ in prepared)  # views
+    assert [state.batch_size for state in prepared] == [2 * u for u in (1, 2, 4)]
+    assert all(state.position.data_ptr() == engine.staging.position.data_ptr() for state in prepared)  # views
 
 
 @pytest.mark.parametrize("kwargs", [{"prefix_length": 0}, {"frames": 0}, {"frames": 2.5}, {"batch_size": 0}])

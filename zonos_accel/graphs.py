@@ -14,7 +14,8 @@ later calls replay. Capturing runs the Python but no kernels, so the host-side b
 
 Prefill is launch-bound too (~50 ms of host launches for a few ms of GPU work at ~120 tokens): the backbone
 over a prefill sequence runs as pieces whose sizes come from the fixed set :data:`PIECE_SIZES`, one graph per
-size, each replayed at any position (the backbone reads the start from the state's device ``position``).
+size, each replayed at any position (the backbone reads the start from the state's device ``position``). The
+last piece is padded up to its size: per-row ``valid`` lengths keep the padding out of the state.
 
 Every graph allocates from one memory pool: the engine runs them one after the other on one stream, and a
 piece's output is copied out before the next replay.
@@ -26,20 +27,25 @@ from collections.abc import Callable
 
 import torch
 
-# Piece sizes. A piece runs every layer once, so it reads every weight once (3.2 GB at Zonos-v0.1-hybrid size,
-# ~0.75 ms at the H200's read bandwidth) and replays ~1000 kernels. The schedule minimizes the number of
-# pieces: whole pieces of 256, then one multiple of 16, then one piece below 16, i.e. at most 2 pieces for any
-# length up to 256 (121 = 112 + 9) from 31 graphs, where binary sizes (256, 128, ..., 1) need up to 9 pieces.
+# Piece sizes. A piece runs every layer once, so it reads every weight once (3.2 GB at Zonos-v0.1-hybrid size)
+# and replays ~900 kernels whatever its length: the number of pieces sets a prefill's cost. A sequence runs as
+# whole pieces of 256 and one last piece rounded up to a multiple of 16 (padding, which the rows' ``valid``
+# lengths keep out of the state), i.e. one piece for any length up to 256, from 16 graphs.
 MAX_PIECE = 256
 PIECE_STEP = 16
-PIECE_SIZES = tuple(range(MAX_PIECE, 0, -PIECE_STEP)) + tuple(range(PIECE_STEP - 1, 0, -1))
+PIECE_SIZES = tuple(range(MAX_PIECE, 0, -PIECE_STEP))
 
 
 def prefill_pieces(length: int) -> list[int]:
-    """Sizes from :data:`PIECE_SIZES`, largest first, that add up to ``length`` (see the note above)."""
+    """Sizes from :data:`PIECE_SIZES`, largest first, whose sum is ``length`` rounded up to a multiple of
+    :data:`PIECE_STEP` (the last piece is padded; see the note above)."""
     rest = length % MAX_PIECE
-    tail = [rest - rest % PIECE_STEP, rest % PIECE_STEP]
-    return [MAX_PIECE] * (length // MAX_PIECE) + [n for n in tail if n]
+    return [MAX_PIECE] * (length // MAX_PIECE) + ([-(-rest // PIECE_STEP) * PIECE_STEP] if rest else [])
+
+
+def padded_length(length: int) -> int:
+    """The positions the pieces of a ``length``-token prefill write (a state must hold them)."""
+    return -(-length // PIECE_STEP) * PIECE_STEP
 
 
 class GraphCache:
@@ -114,29 +120,39 @@ class GraphCache:
 
     def prefill(self, backbone, hidden: torch.Tensor, state, lengths: torch.Tensor | None = None) -> torch.Tensor:
         """``backbone(hidden, state)`` as graph pieces (the backbone's output for every position); ``lengths``
-        (b,) on the device: row i's tokens from ``lengths[i]`` on are padding (see ``ZonosBackbone.forward``)."""
+        (b,) on the device: row i's tokens from ``lengths[i]`` on are padding (see ``ZonosBackbone.forward``).
+        The state must hold :func:`padded_length` positions; ``state.seqlen`` advances by the unpadded length."""
+        b, l, d = hidden.shape
+        width = padded_length(l)
+        if width > l:
+            hidden = torch.cat([hidden, hidden.new_zeros(b, width - l, d)], dim=1)
+        if lengths is None:
+            lengths = torch.full((b,), l, device=hidden.device, dtype=torch.int64)
+        seqlen = state.seqlen
         out = torch.empty_like(hidden)
         start = 0
-        for n in prefill_pieces(hidden.shape[1]):
-            valid = None if lengths is None else (lengths - start).clamp(0, n)
+        for n in prefill_pieces(l):
+            valid = (lengths - start).clamp(0, n)
             out[:, start : start + n].copy_(self.prefill_piece(backbone, hidden[:, start : start + n], state, valid))
             start += n
-        return out
+        if seqlen is not None:
+            state.seqlen = seqlen + l
+        return out[:, :l]
 
-    def prefill_piece(self, backbone, hidden: torch.Tensor, state, valid: torch.Tensor | None = None) -> torch.Tensor:
+    def prefill_piece(self, backbone, hidden: torch.Tensor, state, valid: torch.Tensor) -> torch.Tensor:
         """``backbone(hidden, state, valid)`` for one piece, whose length is one of :data:`PIECE_SIZES`, from its
-        graph. Returns the graph's static output: copy it before the next replay."""
+        graph (``valid`` (b,): each row's tokens in the piece). Returns the graph's static output: copy it before
+        the next replay."""
         b, n, d = hidden.shape
-        key = ("prefill", state.serial, n, b, hidden.dtype, valid is not None, backbone.ops)
+        key = ("prefill", state.serial, n, b, hidden.dtype, backbone.ops)
         static = self._inputs.get(key)
         if static is None:
             static = self._inputs[key] = (
                 torch.empty(b, n, d, device=hidden.device, dtype=hidden.dtype),
-                None if valid is None else torch.empty(b, device=hidden.device, dtype=torch.int64),
+                torch.empty(b, device=hidden.device, dtype=torch.int64),
             )
         static[0].copy_(hidden)
-        if valid is not None:
-            static[1].copy_(valid)
+        static[1].copy_(valid)
         seqlen = state.seqlen  # None for a row view, whose bounds its owner checks
 
         def set_seqlen(value: int | None) -> None:
@@ -151,16 +167,14 @@ class GraphCache:
         state.seqlen = None if seqlen is None else seqlen + n  # what forward does on the host (a replay does not)
         return piece
 
-    def prepare_prefill(self, backbone, state, sizes=PIECE_SIZES, ragged: bool = False) -> None:
-        """Capture the prefill pieces of ``sizes`` now (on a reset ``state``), so no request captures them;
-        ``ragged``: the pieces that take per-row lengths (the engine's batched joins)."""
+    def prepare_prefill(self, backbone, state, sizes=PIECE_SIZES) -> None:
+        """Capture the prefill pieces of ``sizes`` now (on a reset ``state``), so no request captures them."""
         d = backbone.config.d_model
         dtype = backbone.norm_f.weight.dtype
         for n in sizes:
             if n > state.max_seqlen:
                 continue
             state.reset()
-            lengths = torch.full((state.batch_size,), n, device=self.device) if ragged else None
             hidden = torch.zeros(state.batch_size, n, d, device=self.device, dtype=dtype)
-            self.prefill(backbone, hidden, state, lengths)
+            self.prefill(backbone, hidden, state)
         state.reset()

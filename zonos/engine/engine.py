@@ -53,6 +53,9 @@ SYNC_EVERY = 4  # steps between reads of the slots' flags (see _ActiveWatch); do
 # tokens is launch-bound (9 ms GPU for ~1.1 ms of GEMM work at 2 rows on the H200), so up to ~4 sequences cost
 # about what one does. docs/BENCHMARKS.md, decisions: JOIN_BATCH
 JOIN_BATCH = 4
+# Positions the staging rows hold past max_seqlen: a graphed prefill's last piece is padded up to a multiple of
+# zonos_accel.graphs.PIECE_STEP (tests/test_engine.py checks the two agree).
+STAGING_ROOM = 16
 _DONE = object()  # end of a handle's items
 
 
@@ -292,7 +295,7 @@ class Engine:
         self.slots = Slots(model, slots, self.max_seqlen)
         # Joins prefill on these rows (two per sequence), then copy into their slots. One view per bucket of
         # sequences, made once: graphs are keyed by the state's serial.
-        self.staging = model.backbone.allocate_inference_state(2 * self.join_batch, self.max_seqlen)
+        self.staging = model.backbone.allocate_inference_state(2 * self.join_batch, self.max_seqlen + STAGING_ROOM)
         self.staging_rows = {u: row_view(self.staging, 0, 2 * u) for u in batch_buckets(self.join_batch)}
         self.prefill_chunk = prefill_chunk
         self._joining: _Joining | None = None
@@ -431,7 +434,7 @@ class Engine:
             return
         with self._work, torch.cuda.stream(self._stream) if self._stream is not None else contextlib.nullcontext():
             for rows in self.staging_rows.values():
-                self.graphs.prepare_prefill(self.model.backbone, rows, ragged=True)
+                self.graphs.prepare_prefill(self.model.backbone, rows)
         if self._stream is not None:
             self._stream.synchronize()
 
@@ -1024,15 +1027,15 @@ class _Joining:
 
     def begin(self, rows, lengths: list[int], pieces: Callable[[int], list[int]], device: torch.device) -> None:
         """Lay the batch's prefixes out on ``rows`` (``lengths``: one per row, 0 for rows no unit uses)."""
-        longest = max(lengths)
+        self._pieces = pieces(max(lengths))
         first = self.batch[0].prefix
-        self.hidden = first.new_zeros(rows.batch_size, longest, first.shape[2])
+        # as wide as the pieces: a graphed last piece is padded (zeros past every row's prefix either way)
+        self.hidden = first.new_zeros(rows.batch_size, sum(self._pieces), first.shape[2])
         for j, unit in enumerate(self.batch):
             self.hidden[2 * j : 2 * j + 2, : unit.prefix.shape[1]] = unit.prefix
         self.rows = rows
         self._lengths = lengths
         self.lengths = to_device(lengths, torch.int64, device)
-        self._pieces = pieces(longest)
         self._start = 0
         self._last = first.new_zeros(rows.batch_size, first.shape[2])
 

@@ -15,8 +15,9 @@ Per run it reports: wall ms per decode step and the step's byte floor (weights o
 read and written, the KV rows attention reads, at the read bandwidth) and their ratio; aggregate real-time streams
 (audio seconds produced per wall second); concurrent streams held (requests between submit and their last chunk,
 averaged over the arrivals' span); the share of streams produced faster than real time; TTFA p50/p99 (submit to
-first chunk); on-time chunks (a chunk is late when it arrives after the audio handed out before it has finished
-playing). Each run uses the engine's vocoder_batching off and on (on: every stream a row of the vocoder slab,
+first chunk) and its queued + prefill part (submit to joining the decode steps); on-time chunks (a chunk is late
+when it arrives after the audio handed out before it has finished playing), and which chunks of their streams the
+late ones were. Each run uses the engine's vocoder_batching off and on (on: every stream a row of the vocoder slab,
 pushed every --vocoder-frames steps; streams per slab push shown).
 """
 
@@ -138,6 +139,7 @@ def run(
         for chunk in handle:
             chunks.append((time.perf_counter(), chunk.audio.shape[-1] / 44100))
         rec["chunks"] = chunks
+        rec["started"] = handle.started
         rec["end"] = time.perf_counter()
 
     threads = [threading.Thread(target=consume, args=(i,)) for i in range(n)]
@@ -148,17 +150,20 @@ def run(
     wall = time.perf_counter() - t0
     steps = engine.steps - steps0
     counters = {k: v - counters0[k] for k, v in _counters(engine).items()}
-    ttfa, late, total_chunks, realtime = [], 0, 0, 0
+    ttfa, joined, late, total_chunks, realtime = [], [], 0, 0, 0
+    late_at = [0, 0, 0]  # late chunks that were a stream's 2nd, 3rd to 5th, or a later one
     audio = 0.0
     for rec in records:
         chunks = [c for c in rec["chunks"] if c[1] > 0]
         first = chunks[0][0]
         ttfa.append(first - rec["submit"])
+        joined.append(rec["started"] - rec["submit"])
         played_until = first
-        for when, seconds in chunks:
+        for i, (when, seconds) in enumerate(chunks):
             total_chunks += 1
             if when > played_until + 1e-3:
                 late += 1
+                late_at[0 if i == 1 else 1 if i < 5 else 2] += 1
             played_until = max(played_until, when) + seconds
         length = sum(s for _, s in chunks)
         audio += length
@@ -188,7 +193,9 @@ def run(
         "faster than RT %": 100.0 * realtime / n,
         "TTFA p50 ms": percentile(ttfa, 50) * 1e3,
         "TTFA p99 ms": percentile(ttfa, 99) * 1e3,
+        "queued+prefill p50 / p99 ms": f"{percentile(joined, 50) * 1e3:.0f} / {percentile(joined, 99) * 1e3:.0f}",
         "on-time chunks %": 100.0 - 100.0 * late / max(total_chunks, 1),
+        "late: 2nd / 3rd-5th / later": " / ".join(map(str, late_at)),
         "GPU GiB peak": torch.cuda.max_memory_allocated() / 2**30,
     }
 

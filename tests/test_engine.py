@@ -541,3 +541,13 @@ def test_codes_need_no_codec(tmp_path, monkeypatch):
     assert engine.vocoding is not None
     codes = m.generate(_prefix(m, "Hello there."), max_new_tokens=12, progress_bar=False)
     assert codes.shape[:2] == (1, 9) and codes.shape[2] > 0
+
+
+def test_a_handle_tells_when_its_request_joined_the_steps(model, prefixes):
+    """``started`` is set once the request is queued and prefilled, between its submit and its first audio."""
+    handle = model.submit(prefixes[0], max_new_tokens=12, stream=True, generator=torch.Generator().manual_seed(3))
+    first = next(iter(handle))
+    assert first.audio.shape[-1] > 0 and handle.started is not None
+    assert handle.submitted <= handle.started <= handle.submitted + handle.ttfa
+    for _ in handle:
+        pass

@@ -60,10 +60,12 @@ def own_decoders(model):
     model.start_engine()
 
 
-def test_slab_chunks_leave_at_its_pushes(model, prefix):
+def test_slab_chunks_leave_at_its_pushes(model, prefix, monkeypatch):
     """On the vocoder slab (the default) a stream alone gets its first audio at the first push that can hold it
-    (the push that ends at its 10th complete frame), then every push's frames and audio as a chunk of their own with
-    1-frame chunks, or gathered into chunks doubling up to ``chunk_frames``."""
+    (the push that ends at its 10th complete frame; no wait for more audio, which pushes at the CPU's pace would
+    ask for), then every push's frames and audio as a chunk of their own with 1-frame chunks, or gathered into
+    chunks doubling up to ``chunk_frames``."""
+    monkeypatch.setattr("zonos.engine.vocoding.FIRST_AUDIO_TICKS", 0.0)
     lookahead = receptive_field(model.autoencoder.dac.config).lookahead_frames
     push = model.engine.vocoder_frames
     chunks = list(_run(model, prefix, seed=5, max_new_tokens=60, stream=True, first_chunk_frames=1, chunk_frames=1))
@@ -227,3 +229,20 @@ def test_warmup_bar_names_the_kernels_it_compiles():
         assert knobs.runtime.jit_cache_hook is earlier
     finally:
         knobs.runtime.jit_cache_hook = None
+
+
+def test_a_slab_streams_first_chunk_holds_what_plays_until_the_next_push():
+    """The first chunk with audio waits until it holds ``first_samples`` (pushes before it are gathered into it);
+    later chunks follow the frame schedule, and a stream's end hands out what it holds."""
+    from zonos.engine.vocoding import SlabStream
+
+    def push(stream, samples, frames=4, final=False, first=1000):
+        return stream.add(torch.randn(samples), torch.zeros(9, frames, dtype=torch.long), final, first)
+
+    stream = SlabStream(first_chunk_frames=1, chunk_frames=16)
+    assert push(stream, 0) is None and push(stream, 363) is None and push(stream, 600) is None
+    chunk = push(stream, 2048)
+    assert chunk.samples == (0, 363 + 600 + 2048) and chunk.frames == (0, 16)
+    assert push(stream, 2048).samples == (3011, 3011 + 2048)  # then every push's frames (2 >= the doubled size)
+    short = SlabStream(first_chunk_frames=1, chunk_frames=16)
+    assert push(short, 363) is None and push(short, 100, final=True).samples == (0, 463)

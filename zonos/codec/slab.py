@@ -28,6 +28,7 @@ from torch import Tensor
 from zonos.codec.autoencoder import DACAutoencoder, decode_precision
 from zonos.codec.dac import DAC
 from zonos.codec.streaming import StreamingDACDecoder, WeightCasts
+from zonos.ops.sampler import to_device
 from zonos.utils import batch_buckets
 
 OPEN_END = 2**40  # a row's end (in frames) while its stream's length is not known
@@ -107,7 +108,7 @@ class VocoderSlab:
         self._refresh()
         with torch.no_grad():
             torch._foreach_zero_([b[row] for b in self._buffers])
-            values = torch.tensor([first, end], dtype=torch.int64).to(self.first.device, non_blocking=True)
+            values = to_device([first, end], torch.int64, self.first.device)  # pinned: the host does not wait
             self.first[row : row + 1].copy_(values[:1])
             self.end[row : row + 1].copy_(values[1:])
 
@@ -122,7 +123,7 @@ class VocoderSlab:
 
     def set_end(self, row: int, end: int) -> None:
         """Row ``row``'s stream ends after ``end`` frames (if not earlier)."""
-        value = torch.tensor([end], dtype=torch.int64).to(self.end.device, non_blocking=True)
+        value = to_device([end], torch.int64, self.end.device)
         torch.minimum(self.end[row : row + 1], value, out=self.end[row : row + 1])
 
     def bucket(self, rows: int) -> int:

@@ -119,6 +119,7 @@ class RequestHandle:
         self.done = False
         self.ttfa: float | None = None  # seconds from submit to the first chunk handed out (streams)
         self.submitted = time.perf_counter()
+        self.started: float | None = None  # perf_counter when it joined the decode steps (queued and prefilled)
 
     def __iter__(self) -> Iterator[AudioChunk]:
         if not self.request.stream:
@@ -692,6 +693,9 @@ class Engine:
         """A prefilled request joins the decode steps (and, streamed, the vocoder slab or a decoder of its own)."""
         model, r = self.model, job.request
         job.prefixes = job.delayed = None
+        handle = job.handle()
+        if handle is not None:
+            handle.started = time.perf_counter()
         self.slots.activate(job.index)
         job.joined = self.steps
         self._running.append(job)

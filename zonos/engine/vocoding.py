@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import time
 from collections import deque
 from dataclasses import dataclass
 
@@ -32,6 +33,10 @@ from zonos.codec.streaming import WeightCasts, receptive_field
 from zonos.streaming import AudioChunk, playable
 
 RING = 8  # pinned host buffers the ticks' copies rotate through (a tick's is read before it is reused)
+# A stream's first chunk holds the audio that plays for this many of the recent spacings between ticks, so a player
+# that starts on it does not run dry before the next tick's audio (the spacing grows with the load: 4 steps of
+# 2 ms alone, of 8 ms beside 40 streams). docs/BENCHMARKS.md, decisions: FIRST_AUDIO_TICKS
+FIRST_AUDIO_TICKS = 1.25
 
 
 @dataclass
@@ -56,15 +61,18 @@ class SlabStream:
         self.held_frames = self.held_samples = 0
         self.audible = False  # a chunk with audio has been handed out
 
-    def add(self, audio: torch.Tensor, codes: torch.Tensor, final: bool) -> AudioChunk | None:
-        """Take a push's ``audio`` (samples) and ``codes`` (9, frames) of the stream; the chunk due now, if any."""
+    def add(self, audio: torch.Tensor, codes: torch.Tensor, final: bool, first_samples: int = 1) -> AudioChunk | None:
+        """Take a push's ``audio`` (samples) and ``codes`` (9, frames) of the stream; the chunk due now, if any. The
+        first chunk with audio waits until it holds ``first_samples``: what plays until the next push arrives."""
         if audio.numel():
             self.audio.append(audio)
         if codes.shape[-1]:
             self.codes.append(codes)
         self.held_frames += codes.shape[-1]
         self.held_samples += audio.numel()
-        due = final or (self.held_samples and not self.audible) or self.held_frames >= self.size
+        if not self.audible and not final and self.held_samples < max(first_samples, 1):
+            return None
+        due = final or not self.audible or self.held_frames >= self.size
         if not due or not (final or self.held_samples):
             return None
         audio = torch.cat(self.audio) if self.audio else torch.zeros(0)
@@ -111,6 +119,8 @@ class SlabVocoding:
         self._positions = torch.arange(frames, device=device)[None, :]
         self._ring: list[torch.Tensor] = []
         self._ticks: deque[_Tick] = deque()
+        self.spacing = 0.0  # seconds between recent ticks (a moving average)
+        self._last_tick: float | None = None
         self.pushes = 0  # ticks pushed
         self.rows_pushed = 0  # streams' pushes they held
         self.most_rows = 0  # streams in one push
@@ -206,6 +216,11 @@ class SlabVocoding:
             if self.stream is not None:
                 event = torch.cuda.Event()
                 event.record(self.stream)
+        now = time.perf_counter()
+        if self._last_tick is not None and now - self._last_tick < 1.0:  # not after an idle gap
+            gap = now - self._last_tick
+            self.spacing = gap if not self.spacing else 0.8 * self.spacing + 0.2 * gap
+        self._last_tick = now
         members = [(job, row, job.slab_first) for row, job in self.members.items()]
         for job, _, _ in members:
             job.slab_first += t
@@ -240,6 +255,7 @@ class SlabVocoding:
         audio_width = t * slab.hop
         # Read through numpy views of the host buffer: torch ops on its rows cost ~6 us each on the host, and a
         # member took six (150 members on a 2-core CPU: 4.9 ms a tick that way, 0.9 ms this way).
+        first_samples = int(FIRST_AUDIO_TICKS * self.spacing * self.codec.sampling_rate)
         host = tick.host.numpy()
         ends = host[:, -1].astype(np.int64).tolist()
         codes_of = torch.from_numpy(host[:, audio_width : audio_width + N_CODEBOOKS * t].astype(np.int64))
@@ -254,7 +270,7 @@ class SlabVocoding:
             hi = max(min(first + t, end), lo)
             codes = codes_of[row].view(N_CODEBOOKS, t)[:, lo - first : hi - first]
             drained = slab.drained(first + t, end)
-            out.append((job, job.slab.add(audio, codes, drained), drained))
+            out.append((job, job.slab.add(audio, codes, drained, first_samples), drained))
             if drained:
                 self.drop(job)
         return out

@@ -17,8 +17,10 @@ read and written, the KV rows attention reads, at the read bandwidth) and their 
 averaged over the arrivals' span); the share of streams produced faster than real time; TTFA p50/p99 (submit to
 first chunk) and its queued + prefill part (submit to joining the decode steps); on-time chunks (a chunk is late
 when it arrives after the audio handed out before it has finished playing), and which chunks of their streams the
-late ones were. Each run uses the engine's vocoder_batching off and on (on: every stream a row of the vocoder slab,
-pushed every --vocoder-frames steps; streams per slab push shown).
+late ones were; the engine worker's CPU time and the whole process's, per wall second (a worker below 100%
+under load waits: for the interpreter lock, or in a blocking sleep; CUDA's waits spin, and count as CPU). Each
+run uses the engine's vocoder_batching off and on (on: every stream a row of the vocoder slab, pushed every
+--vocoder-frames steps; streams per slab push shown).
 """
 
 from __future__ import annotations
@@ -126,8 +128,10 @@ def run(
     warm()  # captures every bucket's step graph and the decoders' pushes (their second occurrence)
     warm()
     records: list[dict] = [{} for _ in range(n)]
+    worker_clock = time.pthread_getcpuclockid(engine._thread.ident)
     steps0, t0 = engine.steps, time.perf_counter()
     counters0 = _counters(engine)
+    cpu0, worker0 = time.process_time(), time.clock_gettime(worker_clock)
 
     def consume(i: int) -> None:
         time.sleep(max(0.0, arrivals[i] - (time.perf_counter() - t0)))
@@ -148,6 +152,7 @@ def run(
     for t in threads:
         t.join()
     wall = time.perf_counter() - t0
+    cpu, worker = time.process_time() - cpu0, time.clock_gettime(worker_clock) - worker0
     steps = engine.steps - steps0
     counters = {k: v - counters0[k] for k, v in _counters(engine).items()}
     ttfa, joined, late, total_chunks, realtime = [], [], 0, 0, 0
@@ -185,6 +190,7 @@ def run(
         "host ms/step: step / join / slab": " / ".join(
             f"{counters[k] * 1e3 / max(steps, 1):.2f}" for k in ("step_seconds", "join_seconds", "slab_seconds")
         ),
+        "worker / process CPU %": f"{100 * worker / wall:.0f} / {100 * cpu / wall:.0f}",
         "seqs/join": counters["join_sequences"] / max(counters["join_batches"], 1),
         "pieces/step": counters["join_pieces"] / max(steps, 1),
         "floor ms/step": floor * 1e3,

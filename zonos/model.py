@@ -598,7 +598,7 @@ class Zonos(UsesOps, nn.Module):
         both on disk, so only the first process on a machine waits long) and capture the CUDA graphs of the
         decode step, of the prefill pieces for that length and of the vocoder's pushes, which later requests
         replay. Graphs are keyed by the sampling filters in use and the number of busy slots, so pass the
-        settings requests will use. ``all_prefill_lengths`` captures all 31 prefill piece sizes now (a server
+        settings requests will use. ``all_prefill_lengths`` captures all 16 prefill piece sizes now (a server
         taking prompts of any length). ``streams`` > 1 (a server): the requests also run as many at a time as
         each bucket of :func:`~zonos.utils.batch_buckets` up to ``streams``, capturing the decode step of every
         bucket of busy slots up to there and, with the engine's ``vocoder_batching``, the slab push of every

@@ -187,8 +187,9 @@ def run(
         "streams per slab push": vocoding.rows_pushed / max(vocoding.pushes, 1) if vocoding is not None else 0.0,
         "steps/s": steps / wall,
         "ms/step": step_s * 1e3,
-        "host ms/step: step / join / slab": " / ".join(
-            f"{counters[k] * 1e3 / max(steps, 1):.2f}" for k in ("step_seconds", "join_seconds", "slab_seconds")
+        "host ms/step: step / join / slab / GPU wait": " / ".join(
+            f"{counters[k] * 1e3 / max(steps, 1):.2f}"
+            for k in ("step_seconds", "join_seconds", "slab_seconds", "wait_seconds")
         ),
         "worker / process CPU %": f"{100 * worker / wall:.0f} / {100 * cpu / wall:.0f}",
         "seqs/join": counters["join_sequences"] / max(counters["join_batches"], 1),
@@ -208,7 +209,8 @@ def run(
 
 def _counters(engine) -> dict[str, float]:
     """The engine's cumulative counters the table differences: host seconds per part, joins and their pieces."""
-    names = ("step_seconds", "join_seconds", "slab_seconds", "join_batches", "join_pieces", "join_sequences")
+    names = ("step_seconds", "join_seconds", "slab_seconds", "wait_seconds", "join_batches", "join_pieces",
+             "join_sequences")  # fmt: skip
     return {name: getattr(engine, name) for name in names}
 
 

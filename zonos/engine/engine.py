@@ -53,6 +53,11 @@ SYNC_EVERY = 4  # steps between reads of the slots' flags (see _ActiveWatch); do
 # tokens is launch-bound (9 ms GPU for ~1.1 ms of GEMM work at 2 rows on the H200), so up to ~4 sequences cost
 # about what one does. docs/BENCHMARKS.md, decisions: JOIN_BATCH
 JOIN_BATCH = 4
+# Decode steps queued on the GPU at most: after launching a step the host waits for the one this many before it.
+# Enough that the GPU never waits on the host's bookkeeping between steps; few enough that a join's prefill, queued
+# behind them, is not delayed by more (without a bound only the slab's ring stops the host, 32 steps ahead).
+# docs/BENCHMARKS.md, decisions: IN_FLIGHT
+IN_FLIGHT = 2
 # Positions the staging rows hold past max_seqlen: a graphed prefill's last piece is padded up to a multiple of
 # zonos_accel.graphs.PIECE_STEP (tests/test_engine.py checks the two agree).
 STAGING_ROOM = 16
@@ -322,6 +327,7 @@ class Engine:
         self._sides = [torch.cuda.Stream(self.device) for _ in range(vocoder_streams)] if cuda else []
         self._next_side = 0
         self._watch = _ActiveWatch(slots, self.device)
+        self._in_flight: deque[torch.cuda.Event] = deque()  # the last steps' completion events (CUDA)
         self.vocoder_streams = vocoder_streams
         self.vocoder_batching = vocoder_batching
         self.vocoder_frames = vocoder_frames
@@ -338,6 +344,7 @@ class Engine:
         self.step_seconds = 0.0  # host time in them (wall: launches, or the whole step on the CPU)
         self.join_seconds = 0.0  # host time in joins: admission, planning, prefill pieces, slot loads
         self.slab_seconds = 0.0  # host time in slab pushes and in collecting their copies (waits included)
+        self.wait_seconds = 0.0  # host time waiting for the step IN_FLIGHT steps back (the GPU's backlog)
 
     # ------------------------------------------------------------------------------------------ public
 
@@ -749,6 +756,14 @@ class Engine:
             self.graphs.step(slots, n, use, processors, self.model.backbone.ops)
         self.steps += 1
         self.step_seconds += time.perf_counter() - started
+        if self._stream is not None:
+            done = torch.cuda.Event()
+            done.record(torch.cuda.current_stream(self.device))
+            self._in_flight.append(done)
+            if len(self._in_flight) > IN_FLIGHT:
+                started = time.perf_counter()
+                self._in_flight.popleft().synchronize()
+                self.wait_seconds += time.perf_counter() - started
         for job in self._running:
             if job.offset < job.limit:
                 job.offset += 1

@@ -196,19 +196,18 @@ def join_table(model, prefix_tokens: int) -> list[dict]:
 
 
 def _interpolate(points: list[tuple[int, float]], x: int) -> float:
-    """Piecewise-linear through ``points`` (sorted by x), extended along the last segment past its ends."""
+    """Piecewise-linear through ``points`` (sorted by x), extended along the end segments past the ends."""
     if len(points) == 1:
         return points[0][1] * x / points[0][0]
-    for (x0, y0), (x1, y1) in zip(points, points[1:]):
-        if x <= x1 or (x1, y1) == points[-1]:
-            return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
-    raise AssertionError
+    segments = list(zip(points, points[1:]))
+    (x0, y0), (x1, y1) = next((seg for seg in segments if x <= seg[1][0]), segments[-1])
+    return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
 
 
 def budget_table(steps: list[dict], slab: list[dict], joins: list[dict]) -> list[dict]:
     """The GPU's real-time budget at n streams: one decode step over n slots plus a frame's share of the slab's
-    push of n rows must fit one frame of audio (512 / 44100 s); what is left over pays for joins (a request's
-    prefill, in batches of the largest bucket timed)."""
+    push of n rows must fit one frame of audio (512 / 44100 s); what is left over pays for joins (at the cheapest
+    per-request prefill of the join table)."""
     frames = max(r["frames"] for r in slab)
     pushes = [(r["rows"], r["GPU ms"] / frames) for r in sorted(slab, key=lambda r: r["rows"]) if r["frames"] == frames]
     join_ms = min((r["GPU ms per request"] for r in joins), default=None)

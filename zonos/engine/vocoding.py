@@ -253,12 +253,12 @@ class SlabVocoding:
         self._ticks.popleft()
         slab, t = self.slab, self.frames
         audio_width = t * slab.hop
-        # Read through numpy views of the host buffer: torch ops on its rows cost ~6 us each on the host, and a
-        # member took six (150 members on a 2-core CPU: 4.9 ms a tick that way, 0.9 ms this way).
         # On the CPU no player keeps pace with the pushes anyway: the first audio leaves at once there.
         first_samples = (
             int(FIRST_AUDIO_TICKS * self.spacing * self.codec.sampling_rate) if self.stream is not None else 1
         )
+        # Read through numpy views of the host buffer: torch ops on its rows cost ~6 us each on the host, and a
+        # member took six (150 members on a 2-core CPU: 4.9 ms a tick that way, 0.9 ms this way).
         host = tick.host.numpy()
         ends = host[:, -1].astype(np.int64).tolist()
         codes_of = torch.from_numpy(host[:, audio_width : audio_width + N_CODEBOOKS * t].astype(np.int64))

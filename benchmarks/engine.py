@@ -11,16 +11,17 @@ records when each chunk arrives. Two load shapes:
     python benchmarks/engine.py [--slots 1 8 32 64 128 256] [--frames 300] [--gemv] [--no-fused-sampling]
                                 [--vocoder-batching off on] [--rates 20 40 60 --duration 20]
 
-Per run it reports: wall ms per decode step and the step's byte floor (weights once, every busy row's SSM state
-read and written, the KV rows attention reads, at the read bandwidth) and their ratio; aggregate real-time streams
-(audio seconds produced per wall second); concurrent streams held (requests between submit and their last chunk,
-averaged over the arrivals' span); the share of streams produced faster than real time; TTFA p50/p99 (submit to
-first chunk) and its queued + prefill part (submit to joining the decode steps); on-time chunks (a chunk is late
-when it arrives after the audio handed out before it has finished playing), and which chunks of their streams the
-late ones were; the engine worker's CPU time and the whole process's, per wall second (a worker below 100%
-under load waits: for the interpreter lock, or in a blocking sleep; CUDA's waits spin, and count as CPU). Each
-run uses the engine's vocoder_batching off and on (on: every stream a row of the vocoder slab, pushed every
---vocoder-frames steps; streams per slab push shown).
+Per run it reports: wall ms per decode step and the step's byte floor (weights once, every busy row's SSM state read
+and written, the KV rows attention reads, at the read bandwidth measured in the run) and their ratio; aggregate
+real-time streams (audio seconds produced per wall second); concurrent streams held (requests between submit and
+their last chunk, averaged over the arrivals' span); the share of streams produced faster than real time; TTFA
+p50/p99 (submit to first chunk) and its queued + prefill part (submit to joining the decode steps); on-time chunks
+(a chunk is late when it arrives after the audio handed out before it has finished playing), and which chunks of
+their streams the late ones were; the engine worker's CPU time and the whole process's, per wall second (a worker
+below 100% under load waits: for the interpreter lock, or in a blocking sleep; CUDA's waits spin, and count as CPU).
+Runs use the engine's vocoder_batching on (its default: every stream a row of the vocoder slab, pushed every
+--vocoder-frames steps; streams per slab push shown); --vocoder-batching off on adds a decoder per stream beside it.
+Before each load every bucket of busy slots runs twice, as Zonos.warmup(streams=slots) does.
 """
 
 from __future__ import annotations
@@ -34,11 +35,12 @@ import traceback
 import torch
 
 from benchmarks.common import percentile, random_model, table
+from benchmarks.gpu import read_bandwidth_gbs
 from zonos.codec.autoencoder import DACAutoencoder
 from zonos.codec.dac import DACConfig
+from zonos.utils import batch_buckets
 
 FRAME_S = 512 / 44100
-READ_BANDWIDTH = 4.3e12  # bytes/s, the H200's measured read ceiling (../shared/device/README.md)
 
 
 def no_eos(eos_token_id: int):
@@ -99,7 +101,10 @@ def run(
     batching: bool,
     load: str,
     vocoder_frames: int = 4,
+    bandwidth: float = 4.3e12,
 ) -> dict:
+    """One load (``arrivals``, seconds from the start) on a fresh engine; ``bandwidth``: the device's read bytes/s,
+    for the step's byte floor."""
     torch.cuda.reset_peak_memory_stats()
     n = len(arrivals)
     model.start_engine(
@@ -116,17 +121,18 @@ def run(
     distinct = min(n, 2 * slots)  # conditioning tensors, reused round-robin past that
     prefixes = [torch.randn(2, prefix_tokens, d, device="cuda", generator=g).to(model.dtype) for _ in range(distinct)]
 
-    def warm():
-        hs = [
-            model.submit(prefixes[i % distinct], max_new_tokens=40, stream=True, logits_processor=processor)
-            for i in range(slots)
-        ]
-        for h in hs:
-            for _ in h:
-                pass
-
-    warm()  # captures every bucket's step graph and the decoders' pushes (their second occurrence)
-    warm()
+    # As Zonos.warmup(streams=slots) does, with this run's logits processor (the step graphs are keyed by it): each
+    # bucket of busy slots twice, so every bucket's step graph and slab push (captured at the second occurrence of
+    # its shape) are ready; a push compiled during the run cost a quarter of the worker's time (py-spy, 20-40/s).
+    for count in batch_buckets(slots):
+        for _ in range(2):
+            hs = [
+                model.submit(prefixes[i % distinct], max_new_tokens=40, stream=True, logits_processor=processor)
+                for i in range(count)
+            ]
+            for h in hs:
+                for _ in h:
+                    pass
     records: list[dict] = [{} for _ in range(n)]
     worker_clock = time.pthread_getcpuclockid(engine._thread.ident)
     steps0, t0 = engine.steps, time.perf_counter()
@@ -176,7 +182,7 @@ def run(
     step_s = wall / max(steps, 1)
     concurrent = held(records, t0 + min(arrivals), t0 + max(arrivals))
     busy = min(slots, max(1, round(concurrent)))  # the rows a step runs, on average
-    floor = step_bytes(model, 2 * busy, prefix_tokens + frames // 2) / READ_BANDWIDTH
+    floor = step_bytes(model, 2 * busy, prefix_tokens + frames // 2) / bandwidth
     vocoding = engine.vocoding
     model.engine.shutdown()
     return {
@@ -236,8 +242,9 @@ def main() -> None:
         "--vocoder-batching",
         choices=["off", "on"],
         nargs="+",
-        default=["off", "on"],
-        help="engine vocoder_batching settings to run side by side (on: every stream a row of one vocoder slab)",
+        default=["on"],
+        help="engine vocoder_batching settings to run side by side (on, the engine's default: every stream a row of "
+        "one vocoder slab; off: a decoder per stream)",
     )
     ap.add_argument("--vocoder-frames", type=int, nargs="+", default=[4], help="with batching on: frames per slab push")
     args = ap.parse_args()
@@ -245,6 +252,8 @@ def main() -> None:
     model.use_accelerators(use_cute_gemv=args.gemv or None, fused_sampling=False if args.no_fused_sampling else None)
     model.autoencoder = DACAutoencoder(DACConfig(), device="cuda")
     processor = no_eos(model.eos_token_id)
+    bandwidth = read_bandwidth_gbs() * 1e9
+    print(f"read bandwidth {bandwidth / 1e9:.0f} GB/s; {torch.cuda.get_device_name()}")
     if args.rates:
         loads = [(args.slots[0], poisson(r, args.duration, args.seed), f"{r:g}/s for {args.duration:g} s")
                  for r in args.rates]  # fmt: skip
@@ -257,7 +266,7 @@ def main() -> None:
         for v, batching, f in settings:
             try:
                 row = run(model, slots, args.frames, args.prefix_tokens, arrivals, processor, args.seed, v, batching,
-                          load, f)  # fmt: skip
+                          load, f, bandwidth)  # fmt: skip
                 rows.append(row)
             except Exception as err:  # noqa: BLE001 - report and go on to the next load
                 traceback.print_exception(err)

@@ -358,12 +358,55 @@ def test_memory_plan_counts_the_vocoders(model, monkeypatch):
     state = slot_bytes(model, 160)
     free = (2 * 2**30 + 9 * state + 4 * vocoder_bytes(False)) / 0.9  # the staging row, 8 slots, 4 vocoders
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (int(free), int(free)))
+    for counter in ("memory_reserved", "memory_allocated"):  # nothing cached (this process may have used a GPU)
+        monkeypatch.setattr(torch.cuda, counter, lambda device=None: 0)
     check_memory(gpu, 4, 160, vocoder_batching=False)  # 4 slots with their vocoders fit
     with pytest.raises(ZonosInputError, match=r"8 slots of 160 tokens need .* at most 4 slots fit"):
         check_memory(gpu, 8, 160, vocoder_batching=False)
     with pytest.raises(ZonosInputError, match="at most 3 slots fit"):
         check_memory(gpu, 4, 160)  # a slab row each too (7.2 MiB at 4 frames per push, beside 28 MiB)
     assert vocoder_bytes(True) - vocoder_bytes(False) == vocoder_bytes(True, 4) - vocoder_bytes(False) > 0
+
+
+def test_a_restarted_engine_checks_its_memory_after_the_old_one_is_freed(model, monkeypatch):
+    """start_engine frees the engine it replaces before the new one checks what fits: at many slots the two
+    engines' state would not fit at once, yet one of them does."""
+    import weakref
+
+    from zonos.engine import engine as engine_module
+
+    old = weakref.ref(model.start_engine(slots=2))
+    real = engine_module.check_memory
+    seen = []
+
+    def check(*args, **kwargs):
+        seen.append(old())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(engine_module, "check_memory", check)
+    model.start_engine(slots=3)
+    assert seen == [None]
+    monkeypatch.undo()
+    model.start_engine()
+
+
+def test_cached_free_gpu_blocks_count_as_free(model, monkeypatch):
+    """Memory torch's allocator keeps reserved but unused (a freed engine's slots) counts toward what fits."""
+    from types import SimpleNamespace
+
+    from zonos.engine import check_memory, slot_bytes
+    from zonos.engine.engine import vocoder_bytes
+
+    gpu = SimpleNamespace(device=torch.device("cuda"), backbone=model.backbone)
+    per_slot = slot_bytes(model, 160) + vocoder_bytes(True)
+    need = (2 * 2**30 + 5 * per_slot) / 0.9  # the staging row and 4 slots, with room to spare
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (int(need / 2), int(need)))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: int(need))
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: int(need / 2))
+    check_memory(gpu, 4, 160)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: int(need))  # all of it in use
+    with pytest.raises(ZonosInputError, match="at most 0 slots fit"):
+        check_memory(gpu, 4, 160)
 
 
 def test_slots_past_host_memory_are_refused_on_the_cpu(model):

@@ -44,8 +44,9 @@ def test_gpu_stream_equals_one_shot(model, first, steady):
 
 
 def test_first_audio_is_not_held_for_a_step(model, monkeypatch):
-    """The first chunk with audio is vocoded at the step whose frames complete it and handed out from that step
-    (the engine waits for its audio instead of overlapping it with the next step, as it does for later chunks)."""
+    """With a vocoder per stream, the first chunk with audio is vocoded at the step whose frames complete it and
+    handed out from that step (the engine waits for its audio instead of overlapping it with the next step, as it
+    does for later chunks). The slab's first chunk waits for a tick's worth of audio (tests/test_streaming.py)."""
     prefix = torch.randn(2, 40, 64, device="cuda", dtype=torch.bfloat16)
     offsets, vocoded = [], []
     real = ChunkAssembler.vocode
@@ -57,18 +58,22 @@ def test_first_audio_is_not_held_for_a_step(model, monkeypatch):
     monkeypatch.setattr(ChunkAssembler, "vocode", vocode)
     first = 2
     need = receptive_field(model.autoencoder.dac.config).lookahead_frames + first
-    stream = model.generate(
-        prefix,
-        max_new_tokens=40,
-        progress_bar=False,
-        stream=True,
-        first_chunk_frames=first,
-        callback=lambda frame, step, max_steps: offsets.append(step + 1) or True,
-    )
-    for chunk in stream:
-        if chunk.audio.shape[-1]:
-            break
-    stream.close()
+    model.start_engine(vocoder_batching=False)
+    try:
+        stream = model.generate(
+            prefix,
+            max_new_tokens=40,
+            progress_bar=False,
+            stream=True,
+            first_chunk_frames=first,
+            callback=lambda frame, step, max_steps: offsets.append(step + 1) or True,
+        )
+        for chunk in stream:
+            if chunk.audio.shape[-1]:
+                break
+        stream.close()
+    finally:
+        model.start_engine()  # the module's other tests run on the default engine
     steps = vocoded[0]  # decode steps run when the first chunk was vocoded
     complete = [max(o - 8, 0) for o in offsets[:steps]]  # frames whose 9 codebooks are written after each step
     assert complete[-1] >= need > complete[-2], offsets

@@ -1,6 +1,8 @@
 """Streaming equals one-shot: codes exactly, audio to ≥ 90 dB SNR (fp32, CPU); frames leave exactly when
 their 9th codebook is written; EOS flushes; cancelling leaves the model ready; bad schedules fail clearly."""
 
+import math
+
 import pytest
 import torch
 
@@ -75,6 +77,22 @@ def test_slab_chunks_leave_at_its_pushes(model, prefix, monkeypatch):
     assert chunks[-2].frames[1] == chunks[-1].frames[1] == 60 and chunks[-1].samples[1] == 512 * 60
     chunks = list(_run(model, prefix, seed=5, max_new_tokens=60, stream=True, first_chunk_frames=2, chunk_frames=16))
     assert [c.frames[1] - c.frames[0] for c in chunks[1:4]] == [push, 2 * push, 16]
+
+
+def test_a_lone_slab_stream_has_its_ticks_placed_for_the_first_audio_it_waits_for(model, prefix, monkeypatch):
+    """When its first chunk must hold more than the earliest push's audio (ticks far apart), a stream alone on the
+    slab has the ticks placed so that the push that holds it comes at the first decode step that completes enough
+    frames, not a whole tick after the earliest audio."""
+    from zonos.engine.vocoding import SlabVocoding
+
+    field = receptive_field(model.autoencoder.dac.config)
+    wanted = 900  # samples: more than the 363 of the earliest push (10 frames)
+    monkeypatch.setattr(SlabVocoding, "first_samples", lambda self: wanted)
+    frames = math.ceil((wanted + field.lookahead_samples) / field.hop_length)  # 12, two steps past the earliest
+    assert (frames - field.lookahead_frames) % model.engine.vocoder_frames  # off the earliest push's phase
+    chunks = list(_run(model, prefix, seed=5, max_new_tokens=60, stream=True, first_chunk_frames=1, chunk_frames=1))
+    assert chunks[0].frames == (0, frames) and chunks[0].audio.shape[-1] == 512 * frames - field.lookahead_samples
+    assert torch.equal(torch.cat([c.codes for c in chunks], -1), _run(model, prefix, seed=5, max_new_tokens=60))
 
 
 def test_frames_leave_exactly_when_their_last_codebook_is_written(model, prefix, monkeypatch, own_decoders):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import os
 import time
 import warnings
@@ -254,10 +255,11 @@ class Zonos(UsesOps, nn.Module):
         (see :class:`~zonos.engine.Engine`)."""
         # before the old one stops
         Engine.check_args(slots, max_seqlen, queue_size, vocoder_streams, vocoder_batching, vocoder_frames)
-        old = self._engine
+        old, self._engine = self._engine, None
         if old is not None:
             old.shutdown()
-            self._engine = None
+            del old
+            gc.collect()  # its slots' memory must be free before the new engine checks what fits
         self._engine = Engine(
             self,
             slots,

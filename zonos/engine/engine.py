@@ -1189,6 +1189,8 @@ def check_memory(
     state = slot_bytes(model, max_seqlen)
     if model.device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(model.device)
+        # Blocks torch's allocator holds but no tensor uses (a previous engine's slots) are free to this one too.
+        free += torch.cuda.memory_reserved(model.device) - torch.cuda.memory_allocated(model.device)
         per_slot = state + vocoder_bytes(vocoder_batching, vocoder_frames)
         usable = free * (1 - headroom) - 2 * 2**30 - staging * state
         where = "of the GPU is free"

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -130,9 +131,20 @@ class SlabVocoding:
         return self._codec()
 
     @functools.cached_property
+    def field(self):
+        return receptive_field(self.codec.dac.config)
+
+    @property
     def lookahead(self) -> int:
         """Frames before a stream's first audio."""
-        return receptive_field(self.codec.dac.config).lookahead_frames
+        return self.field.lookahead_frames
+
+    def first_samples(self) -> int:
+        """Samples a stream's first chunk waits for: what plays for ``FIRST_AUDIO_TICKS`` recent tick spacings. On
+        the CPU no player keeps pace with the pushes anyway: there the first audio leaves at once."""
+        if self.stream is None:
+            return 1
+        return max(int(FIRST_AUDIO_TICKS * self.spacing * self.codec.sampling_rate), 1)
 
     @staticmethod
     def eligible(request) -> bool:
@@ -155,8 +167,12 @@ class SlabVocoding:
         complete = job.offset - N_CODEBOOKS + 1 - skip  # the stream's complete frames now (negative: steps away)
         if complete > 0:
             return False
-        if not self.members:  # no tick is due for anyone else: place them for this stream's first audio
-            self.phase = (steps + self.lookahead - complete) % t
+        if not self.members:
+            # No tick is due for anyone else: place them so that the push holding this stream's first
+            # first_samples() comes as soon as it can (one decode step past its first audio at 8.8 ms between ticks,
+            # against a tick later if ticks stayed at its first audio).
+            ready = math.ceil((self.first_samples() + self.field.lookahead_samples) / self.field.hop_length)
+            self.phase = (steps + max(self.lookahead, ready) - complete) % t
         to_tick = 1 + (self.phase - steps - 1) % t  # steps to the next tick
         first = complete + to_tick - t
         end = job.limit - N_CODEBOOKS + 1 - skip  # frames at its length
@@ -253,10 +269,7 @@ class SlabVocoding:
         self._ticks.popleft()
         slab, t = self.slab, self.frames
         audio_width = t * slab.hop
-        # On the CPU no player keeps pace with the pushes anyway: the first audio leaves at once there.
-        first_samples = (
-            int(FIRST_AUDIO_TICKS * self.spacing * self.codec.sampling_rate) if self.stream is not None else 1
-        )
+        first_samples = self.first_samples()
         # Read through numpy views of the host buffer: torch ops on its rows cost ~6 us each on the host, and a
         # member took six (150 members on a 2-core CPU: 4.9 ms a tick that way, 0.9 ms this way).
         host = tick.host.numpy()

@@ -74,7 +74,8 @@ def create_app(load_model: Callable[[], Any], settings: ServerSettings | None = 
                 vocoder_batching=settings.vocoder_batching,
             )
         if settings.warmup and model.device.type == "cuda":
-            model.warmup(progress_bar=False, all_prefill_lengths=True)
+            # Every bucket of busy slots, so no step graph or slab push is compiled while requests wait on it.
+            model.warmup(progress_bar=False, all_prefill_lengths=True, streams=model.engine.slots.count)
         return SpeechService(model, settings)
 
     @asynccontextmanager

@@ -55,14 +55,16 @@ def read_bandwidth_gbs(gib: int = 4) -> float:
     return x.numel() * 2 / (statistics.median(ms) * 1e-3) / 1e9
 
 
-OPS_KINDS = ("torch", "triton", "triton-nopdl", "triton+gemv", "triton+sampler", "triton+gemv+sampler")
+OPS_KINDS = ("torch", "triton", "triton-nopdl", "triton+gemv", "triton+sampler", "triton+gemv+sampler",
+             "triton+sampler+mamba", "triton+gemv+sampler+mamba")  # fmt: skip
 
 
 def use_ops(model, kind: str, cuda_graphs: bool = True) -> None:
     """Give ``model`` the op backend ``kind`` through ``use_accelerators``: ``torch``: the reference ops;
     ``triton``: every Triton fast path (mamba_ssm's and ours, ours launched with programmatic dependent launch);
     ``triton-nopdl``: the same without PDL; ``triton+gemv``: the Triton paths plus the CuTeDSL GEMV for the
-    decode projections (``use_cute_gemv``); ``+sampler``: plus the fused sampler (``fused_sampling``). The next
+    decode projections (``use_cute_gemv``); ``+sampler``: plus the fused sampler (``fused_sampling``); ``+mamba``:
+    plus each Mamba2 layer's decode step between its projections as one kernel (``fused_mamba_step``). The next
     request runs it (and captures its graphs)."""
     from zonos_accel.triton import pdl
 
@@ -73,7 +75,8 @@ def use_ops(model, kind: str, cuda_graphs: bool = True) -> None:
         fast_ops=kind.startswith("triton"),
         cuda_graphs=cuda_graphs,
         use_cute_gemv="+gemv" in kind,
-        fused_sampling=kind.endswith("+sampler"),
+        fused_sampling="+sampler" in kind,
+        fused_mamba_step="+mamba" in kind,
     )
 
 

@@ -164,12 +164,15 @@ class Zonos(UsesOps, nn.Module):
         use_cute_gemv: bool | None = None,
         use_cute_scan: bool | None = None,
         fused_sampling: bool | None = None,
+        fused_mamba_step: bool = False,
     ) -> None:
         """Choose this model's op backend and graph capture (None: on where the device and installed packages
         allow, with a warning on CUDA when the Triton ops' packages are missing; the CuTeDSL GEMV stays off unless
         asked for). ``fused_sampling``: the decode step's per-row sampling as one Triton launch instead of 66-79 torch
         kernels, and its EOS bookkeeping as one more instead of 30 (one of the fast ops, so None follows them: on an
-        H200 the step takes 1.913 ms against 2.071 without it).
+        H200 the step takes 1.913 ms against 2.071 without it). ``fused_mamba_step``: each Mamba2 layer's decode step
+        between its projections (conv step, state update, gated RMSNorm) as one Triton kernel instead of three
+        (one of the fast ops; off by default until it is timed).
         Takes effect at the next decode step (it waits for the running one); captured graphs are keyed by the
         backend, so the next step captures the new backend's. Other models in the process are unaffected.
 
@@ -177,24 +180,27 @@ class Zonos(UsesOps, nn.Module):
         """
         on_cuda = self.device.type == "cuda"
         flags = (("fast_ops", fast_ops), ("cuda_graphs", cuda_graphs), ("use_cute_gemv", use_cute_gemv),
-                 ("use_cute_scan", use_cute_scan), ("fused_sampling", fused_sampling))  # fmt: skip
+                 ("use_cute_scan", use_cute_scan), ("fused_sampling", fused_sampling),
+                 ("fused_mamba_step", fused_mamba_step))  # fmt: skip
         for name, wanted in flags:
             if wanted and not on_cuda:
                 raise ZonosInputError(
                     f"{name}=True needs the model on a CUDA device; it is on {self.device}: load it with device='cuda' "
                     f"or leave {name} off"
                 )
-        if fused_sampling and fast_ops is False:
-            raise ZonosInputError("fused_sampling=True is one of the fast ops: leave fast_ops on (True or None)")
+        for name, wanted in (("fused_sampling", fused_sampling), ("fused_mamba_step", fused_mamba_step)):
+            if wanted and fast_ops is False:
+                raise ZonosInputError(f"{name}=True is one of the fast ops: leave fast_ops on (True or None)")
         backend = REFERENCE
-        if fast_ops or fused_sampling or (fast_ops is None and on_cuda):
+        if fast_ops or fused_sampling or fused_mamba_step or (fast_ops is None and on_cuda):
             import zonos_accel.triton as fast
 
             try:
                 names = fast.DEFAULT_OPS + (fast.FUSED_SAMPLING_OPS if fused_sampling is not False else ())
+                names += fast.FUSED_MAMBA_OPS if fused_mamba_step else ()
                 backend = fast.triton_backend(backend, names)
             except ImportError as err:
-                if fast_ops or fused_sampling:
+                if fast_ops or fused_sampling or fused_mamba_step:
                     raise
                 warnings.warn(
                     f"the Triton fast ops are off ({err}), so the decode runs on the torch reference ops, about 3x "

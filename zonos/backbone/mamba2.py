@@ -144,22 +144,13 @@ class Mamba2Mixer(UsesOps, nn.Module):
 
     def step(self, u: torch.Tensor, cache: Mamba2Cache) -> torch.Tensor:
         """One token (b, 1, d) → (b, 1, d), updating the cache in place (no host work, graph-safe)."""
-        b = u.shape[0]
         z, xbc, dt = self._split(self.ops.linear(u[:, 0], self.in_proj.weight))
-        xbc = self.ops.conv_step(cache.conv, xbc, self.conv1d.weight, self.conv1d.bias)
-        x, B, C = torch.split(xbc, [self.d_inner, self.ngroups * self.d_state, self.ngroups * self.d_state], dim=-1)
-        y = self.ops.ssd_step(
-            cache.ssm,
-            x.reshape(b, self.nheads, self.headdim),
+        y = self.ops.mamba_step_tail(
+            cache.conv, xbc, self.conv1d.weight, self.conv1d.bias, cache.ssm,
             dt,  # softplus(dt + dt_bias) inside the op, as _dt_A computes it for prefill
-            self.A.to(compute_dtype(dt.dtype)),
-            B.reshape(b, self.ngroups, self.d_state),
-            C.reshape(b, self.ngroups, self.d_state),
-            D=self.D,
-            dt_bias=self.dt_bias,
-            dt_softplus=True,
-        )
-        return self._out(y.reshape(b, 1, self.d_inner), z[:, None])
+            self.A.to(compute_dtype(dt.dtype)), self.D, self.dt_bias, z, self.norm.weight, self.norm_eps,
+        )  # fmt: skip
+        return self.ops.linear(y, self.out_proj.weight)[:, None]
 
 
 def _refresh_A_after_load(mixer: Mamba2Mixer, incompatible_keys) -> None:

@@ -19,6 +19,8 @@ from zonos.ops.attention import decode_attention, prefill_attention
 from zonos.ops.conv import causal_conv1d, conv_step
 from zonos.ops.embedding import codebook_rows, embedding_sum
 from zonos.ops.linear import linear
+from zonos.ops.mamba_step import PARTS as STEP_TAIL_PARTS
+from zonos.ops.mamba_step import compose_step_tail, mamba_step_tail
 from zonos.ops.norms import add_layer_norm, gated_rms_norm
 from zonos.ops.precision import compute_dtype
 from zonos.ops.rotary import rotate_and_cache
@@ -41,6 +43,7 @@ _REFERENCE_OPS: dict[str, Callable] = {
         finish_rows,
         gated_rms_norm,
         linear,
+        mamba_step_tail,
         prefill_attention,
         rotate_and_cache,
         sample_rows,
@@ -74,11 +77,16 @@ class Backend:
             setattr(self, op, fn)
 
     def replace(self, name: str, **ops: Callable) -> Backend:
-        """A new backend with some ops replaced (the others as in this one)."""
+        """A new backend with some ops replaced (the others as in this one). ``mamba_step_tail``, unless given,
+        is composed anew of the new backend's ``conv_step``, ``ssd_step`` and ``gated_rms_norm`` when any of
+        those is replaced (so a backend with fast parts runs them inside the step tail too)."""
         unknown = set(ops) - set(OP_NAMES)
         if unknown:
             raise ValueError(f"unknown op(s) {sorted(unknown)}; known: {list(OP_NAMES)}")
-        return Backend(name, {**self._ops, **ops})
+        merged = {**self._ops, **ops}
+        if "mamba_step_tail" not in ops and any(part in ops for part in STEP_TAIL_PARTS):
+            merged["mamba_step_tail"] = compose_step_tail(*(merged[part] for part in STEP_TAIL_PARTS))
+        return Backend(name, merged)
 
     def op(self, name: str) -> Callable:
         """The function behind op ``name``."""

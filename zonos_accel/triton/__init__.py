@@ -54,12 +54,16 @@ _SOURCES = {
     "sequence_tail": ("zonos_accel.triton.vocoder", None),
     "sample_rows": ("zonos_accel.triton.sampler", None),
     "finish_rows": ("zonos_accel.triton.sampler", None),
+    "mamba_step_tail": ("zonos_accel.triton.mamba_step", None),
 }
 OPS = tuple(_SOURCES)
 # What triton_backend runs by default: all but the fused sampling and step bookkeeping, which
 # ``Zonos.use_accelerators`` adds unless ``fused_sampling=False`` (a backend built here compares without them).
 FUSED_SAMPLING_OPS = ("sample_rows", "finish_rows")
-DEFAULT_OPS = tuple(op for op in OPS if op not in FUSED_SAMPLING_OPS)
+# The Mamba2 decode step between its projections as one kernel (``use_accelerators(fused_mamba_step=True)``): opt-in
+# until it is timed against the three kernels it replaces (docs/BENCHMARKS.md, decisions: fused_mamba_step).
+FUSED_MAMBA_OPS = ("mamba_step_tail",)
+DEFAULT_OPS = tuple(op for op in OPS if op not in FUSED_SAMPLING_OPS + FUSED_MAMBA_OPS)
 
 
 def fast_op(name: str):

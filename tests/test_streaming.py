@@ -264,3 +264,22 @@ def test_a_slab_streams_first_chunk_holds_what_plays_until_the_next_push():
     assert push(stream, 2048).samples == (3011, 3011 + 2048)  # then every push's frames (2 >= the doubled size)
     short = SlabStream(first_chunk_frames=1, chunk_frames=16)
     assert push(short, 363) is None and push(short, 100, final=True).samples == (0, 463)
+
+
+def test_a_slab_stream_hands_out_early_what_a_player_would_run_out_of():
+    """With a clock, a chunk still short of its frames goes out once the audio handed out before it, played from
+    the first audible chunk on, lasts less than the reserve; far ahead of playback it waits for its size."""
+    from zonos.engine.vocoding import SlabStream
+
+    def push(stream, now):
+        return stream.add(torch.randn(2048), torch.zeros(9, 4, dtype=torch.long), False, 1, now, 0.03)
+
+    stream = SlabStream(first_chunk_frames=4, chunk_frames=16, sample_rate=44_100)
+    assert push(stream, 10.0).samples == (0, 2048)  # first audio at t = 10 s, playing until 10.046 s; then 8 frames
+    assert push(stream, 10.001) is None  # 45 ms left to play: gather
+    assert push(stream, 10.020).frames == (4, 12)  # its 8 frames; out until 10.139 s, then 16 frames
+    assert push(stream, 10.030) is None  # 109 ms left
+    chunk = push(stream, 10.115)  # 24 ms left, within the 30 ms reserve: out with 8 of its 16 frames
+    assert chunk.frames == (12, 20) and chunk.samples == (6144, 10240)
+    clockless = SlabStream(first_chunk_frames=4, chunk_frames=16, sample_rate=44_100)
+    assert [push(clockless, None) is None for _ in range(5)] == [False, True, False, True, True]  # the schedule

@@ -38,6 +38,10 @@ RING = 8  # pinned host buffers the ticks' copies rotate through (a tick's is re
 # that starts on it does not run dry before the next tick's audio (the spacing grows with the load: 4 steps of
 # 2 ms alone, of 8 ms beside 40 streams). docs/BENCHMARKS.md, decisions: FIRST_AUDIO_TICKS
 FIRST_AUDIO_TICKS = 1.25
+# A chunk being gathered goes out before its size once the audio handed out before it plays for less than this many
+# recent tick spacings: gathering (a 16-frame chunk waits 4 pushes) must not let a player run dry while the next
+# pushes are delayed (a join's prefill takes 6-15 ms of GPU). docs/BENCHMARKS.md, decisions: RESERVE_TICKS
+RESERVE_TICKS = 2.0
 
 
 @dataclass
@@ -53,18 +57,30 @@ class SlabStream:
     """One stream's chunks as its slab row's pushes come back: audio and codes gathered into chunks of the request's
     schedule (the first as soon as it holds audio, then ``first_chunk_frames`` doubling up to ``chunk_frames``)."""
 
-    def __init__(self, first_chunk_frames: int, chunk_frames: int):
+    def __init__(self, first_chunk_frames: int, chunk_frames: int, sample_rate: int = 44_100):
         self.size = first_chunk_frames
         self.chunk_frames = chunk_frames
+        self.sample_rate = sample_rate
         self.audio: list[torch.Tensor] = []
         self.codes: list[torch.Tensor] = []
         self.frames = self.samples = 0  # handed out
         self.held_frames = self.held_samples = 0
         self.audible = False  # a chunk with audio has been handed out
+        self.started: float | None = None  # when it was (the clock of ``add``'s ``now``)
 
-    def add(self, audio: torch.Tensor, codes: torch.Tensor, final: bool, first_samples: int = 1) -> AudioChunk | None:
+    def add(
+        self,
+        audio: torch.Tensor,
+        codes: torch.Tensor,
+        final: bool,
+        first_samples: int = 1,
+        now: float | None = None,
+        reserve: float = 0.0,
+    ) -> AudioChunk | None:
         """Take a push's ``audio`` (samples) and ``codes`` (9, frames) of the stream; the chunk due now, if any. The
-        first chunk with audio waits until it holds ``first_samples``: what plays until the next push arrives."""
+        first chunk with audio waits until it holds ``first_samples``: what plays until the next push arrives. With
+        a clock (``now``, seconds), a chunk is also due before its size once the audio handed out, played from the
+        first audible chunk on, lasts less than ``reserve`` seconds past ``now``."""
         if audio.numel():
             self.audio.append(audio)
         if codes.shape[-1]:
@@ -74,6 +90,8 @@ class SlabStream:
         if not self.audible and not final and self.held_samples < max(first_samples, 1):
             return None
         due = final or not self.audible or self.held_frames >= self.size
+        if not due and now is not None and self.started is not None:
+            due = self.started + self.samples / self.sample_rate - now < reserve
         if not due or not (final or self.held_samples):
             return None
         audio = torch.cat(self.audio) if self.audio else torch.zeros(0)
@@ -88,7 +106,8 @@ class SlabStream:
         self.frames += self.held_frames
         self.samples += self.held_samples
         self.audio, self.codes, self.held_frames, self.held_samples = [], [], 0, 0
-        self.audible = self.audible or chunk.audio.shape[-1] > 0
+        if not self.audible and chunk.audio.shape[-1]:
+            self.audible, self.started = True, now
         if self.audible:
             self.size = min(2 * self.size, self.chunk_frames)
         return chunk
@@ -183,7 +202,7 @@ class SlabVocoding:
             self.slab.admit(row, first, end)
             self._skip[row : row + 1].fill_(skip)
         job.row, job.slab_first, job.skip = row, first, skip
-        job.slab = SlabStream(first_chunk_frames, chunk_frames)
+        job.slab = SlabStream(first_chunk_frames, chunk_frames, self.codec.sampling_rate)
         self.members[row] = job
         return True
 
@@ -270,6 +289,9 @@ class SlabVocoding:
         slab, t = self.slab, self.frames
         audio_width = t * slab.hop
         first_samples = self.first_samples()
+        # On the CPU no player keeps pace with the pushes: chunks follow their frame schedule alone there.
+        now = time.perf_counter() if self.stream is not None else None
+        reserve = RESERVE_TICKS * self.spacing
         # Read through numpy views of the host buffer: torch ops on its rows cost ~6 us each on the host, and a
         # member took six (150 members on a 2-core CPU: 4.9 ms a tick that way, 0.9 ms this way).
         host = tick.host.numpy()
@@ -286,7 +308,7 @@ class SlabVocoding:
             hi = max(min(first + t, end), lo)
             codes = codes_of[row].view(N_CODEBOOKS, t)[:, lo - first : hi - first]
             drained = slab.drained(first + t, end)
-            out.append((job, job.slab.add(audio, codes, drained, first_samples), drained))
+            out.append((job, job.slab.add(audio, codes, drained, first_samples, now, reserve), drained))
             if drained:
                 self.drop(job)
         return out

@@ -55,7 +55,8 @@ class _Tick:
 
 class SlabStream:
     """One stream's chunks as its slab row's pushes come back: audio and codes gathered into chunks of the request's
-    schedule (the first as soon as it holds audio, then ``first_chunk_frames`` doubling up to ``chunk_frames``)."""
+    schedule (the first once it holds what plays until the next push, then ``first_chunk_frames`` doubling up to
+    ``chunk_frames``, or sooner where a player would run out of audio: :meth:`add`)."""
 
     def __init__(self, first_chunk_frames: int, chunk_frames: int, sample_rate: int = 44_100):
         self.size = first_chunk_frames

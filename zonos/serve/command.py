@@ -47,7 +47,10 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         "--rate-limit", type=float, default=120.0, help="requests per minute per API key or client address (0: none)"
     )
     p.add_argument(
-        "--no-warmup", action="store_true", help="on CUDA: skip compiling kernels and capturing graphs first"
+        "--no-warmup",
+        action="store_true",
+        help="on CUDA: skip compiling kernels and capturing graphs (every prompt length, every bucket of busy slots) "
+        "before taking requests; without the warm-up the first requests at each new load pay for them",
     )
     common.add_model_args(p)
     return p

@@ -30,7 +30,8 @@ class ServerSettings:
         segment_chars: long text is split into segments of at most this many characters (~14 s of English each,
             so that ``zonos.longform``'s segments, which carry the previous one, fit 4096 positions).
         retry_after_s: the ``Retry-After`` of a 503.
-        warmup: on CUDA, compile kernels and capture graphs before taking requests.
+        warmup: on CUDA, compile kernels and capture graphs (every prompt length, every bucket of busy slots) before
+            taking requests.
         logits_processor: given to every request (``Zonos.generate``'s argument), e.g. a load test's EOS
             suppression so that every request runs ``max_new_tokens`` frames.
     """

@@ -19,6 +19,29 @@ BLOCK_C = 256  # channels per program; conv_dim 4352 at Zonos-v0.1-hybrid size g
 
 
 @triton.jit
+def conv_window(state_row, x_row, ch, ch_ok, stride_sk, K: tl.constexpr, KP: tl.constexpr):
+    """The conv state of channels ``ch`` after one step, as (channels, KP) in the state's dtype: column j is old
+    column j + 1, the last column the new input (``state_row``: the channels' rows, ``x_row``: the input row)."""
+    k = tl.arange(0, KP)
+    older = tl.load(state_row + (k[None, :] + 1) * stride_sk, mask=ch_ok[:, None] & (k[None, :] + 1 < K), other=0.0)
+    newest = tl.load(x_row + ch, mask=ch_ok, other=0.0).to(state_row.dtype.element_ty)
+    return tl.where(k[None, :] == K - 1, newest[:, None], older)
+
+
+@triton.jit
+def conv_silu(window, w_ptr, bias_ptr, ch, ch_ok, stride_wc, stride_wk, K: tl.constexpr, KP: tl.constexpr,
+              HAS_BIAS: tl.constexpr):  # fmt: skip
+    """SiLU(causal conv) of channels ``ch`` over their ``window`` (:func:`conv_window`), in float32."""
+    k = tl.arange(0, KP)
+    w = tl.load(w_ptr + ch[:, None] * stride_wc + k[None, :] * stride_wk, mask=ch_ok[:, None] & (k[None, :] < K),
+                other=0.0)  # fmt: skip
+    acc = tl.sum(window.to(tl.float32) * w.to(tl.float32), axis=1)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + ch, mask=ch_ok, other=0.0).to(tl.float32)
+    return acc * tl.sigmoid(acc)
+
+
+@triton.jit
 def _conv_step_kernel(
     state_ptr,
     x_ptr,
@@ -45,18 +68,10 @@ def _conv_step_kernel(
     k = tl.arange(0, KP)
     c_ok = c < channels
     state_row = state_ptr + b * stride_sb + c[:, None] * stride_sc
-    # Column j of the new state is column j + 1 of the old one; the last column is the new input.
-    older = tl.load(state_row + (k[None, :] + 1) * stride_sk, mask=c_ok[:, None] & (k[None, :] + 1 < K), other=0.0)
-    newest = tl.load(x_ptr + b * stride_xb + c, mask=c_ok, other=0.0).to(state_ptr.dtype.element_ty)
-    window = tl.where(k[None, :] == K - 1, newest[:, None], older)
-    in_window = c_ok[:, None] & (k[None, :] < K)
-    w = tl.load(w_ptr + c[:, None] * stride_wc + k[None, :] * stride_wk, mask=in_window, other=0.0)
-    acc = tl.sum(window.to(tl.float32) * w.to(tl.float32), axis=1)
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + c, mask=c_ok, other=0.0).to(tl.float32)
-    y = acc * tl.sigmoid(acc)
+    window = conv_window(state_row, x_ptr + b * stride_xb, c, c_ok, stride_sk, K, KP)
+    y = conv_silu(window, w_ptr, bias_ptr, c, c_ok, stride_wc, stride_wk, K, KP, HAS_BIAS)
     tl.debug_barrier()  # every read of the old state precedes any write of the shifted one
-    tl.store(state_row + k[None, :] * stride_sk, window, mask=in_window)
+    tl.store(state_row + k[None, :] * stride_sk, window, mask=c_ok[:, None] & (k[None, :] < K))
     tl.store(y_ptr + b * stride_yb + c, y.to(y_ptr.dtype.element_ty), mask=c_ok)
 
 

@@ -20,6 +20,7 @@ import torch
 from zonos.ops.mamba_step import step_tail_shapes
 from zonos_accel.triton import pdl
 from zonos_accel.triton._support import check_tensors, tl, triton
+from zonos_accel.triton.conv import conv_silu, conv_window
 from zonos_accel.triton.pdl import enter
 from zonos_accel.triton.state_update import _softplus
 
@@ -27,23 +28,6 @@ BLOCK_P = 16  # channels per program, the state update's (zonos_accel/triton/sta
 NUM_WARPS = 4
 NORM_BLOCK = 1024  # channels per loop step of the last program's normalization
 MAX_BATCH = 65535  # the grid's third axis
-
-
-@triton.jit
-def _conv_silu(state_row, x_ptr, w_ptr, bias_ptr, ch, ch_ok, stride_sk, stride_wc, stride_wk,
-               K: tl.constexpr, KP: tl.constexpr, HAS_BIAS: tl.constexpr, OUT_DTYPE: tl.constexpr):  # fmt: skip
-    """SiLU(causal conv) of channels ``ch`` over their old state columns 1..K-1 and the new input; returns the
-    output (rounded to OUT_DTYPE, then float32) and the shifted window to store."""
-    k = tl.arange(0, KP)
-    older = tl.load(state_row + (k[None, :] + 1) * stride_sk, mask=ch_ok[:, None] & (k[None, :] + 1 < K), other=0.0)
-    newest = tl.load(x_ptr + ch, mask=ch_ok, other=0.0).to(state_row.dtype.element_ty)
-    window = tl.where(k[None, :] == K - 1, newest[:, None], older)
-    w = tl.load(w_ptr + ch[:, None] * stride_wc + k[None, :] * stride_wk, mask=ch_ok[:, None] & (k[None, :] < K),
-                other=0.0)  # fmt: skip
-    acc = tl.sum(window.to(tl.float32) * w.to(tl.float32), axis=1)
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + ch, mask=ch_ok, other=0.0).to(tl.float32)
-    return (acc * tl.sigmoid(acc)).to(OUT_DTYPE).to(tl.float32), window
 
 
 @triton.jit
@@ -71,19 +55,22 @@ def _step_tail_kernel(
 
     # x: this program's channels of head h (it alone reads and writes their conv state).
     xc = h * p + rows
-    x, x_window = _conv_silu(conv_row + xc[:, None] * stride_cc, x_in, cw_ptr, cb_ptr, xc, row_ok, stride_ck,
-                             stride_wc, stride_wk, K, KP, HAS_BIAS, dtype)  # fmt: skip
-    # B and C of group g: every program of the group computes them from the old state.
+    x_rows = conv_row + xc[:, None] * stride_cc
+    x_window = conv_window(x_rows, x_in, xc, row_ok, stride_ck, K, KP)
+    x = conv_silu(x_window, cw_ptr, cb_ptr, xc, row_ok, stride_wc, stride_wk, K, KP, HAS_BIAS).to(dtype).to(tl.float32)
+    # B and C of group g: every program of the group computes them from the old state; the last one stores it.
     bc = d_inner + g * n + cols
     cc = d_inner + groups * n + g * n + cols
-    Bv, _ = _conv_silu(conv_row + bc[:, None] * stride_cc, x_in, cw_ptr, cb_ptr, bc, col_ok, stride_ck, stride_wc,
-                       stride_wk, K, KP, HAS_BIAS, dtype)  # fmt: skip
-    Cv, _ = _conv_silu(conv_row + cc[:, None] * stride_cc, x_in, cw_ptr, cb_ptr, cc, col_ok, stride_ck, stride_wc,
-                       stride_wk, K, KP, HAS_BIAS, dtype)  # fmt: skip
+    B_rows = conv_row + bc[:, None] * stride_cc
+    C_rows = conv_row + cc[:, None] * stride_cc
+    B_window = conv_window(B_rows, x_in, bc, col_ok, stride_ck, K, KP)
+    C_window = conv_window(C_rows, x_in, cc, col_ok, stride_ck, K, KP)
+    Bv = conv_silu(B_window, cw_ptr, cb_ptr, bc, col_ok, stride_wc, stride_wk, K, KP, HAS_BIAS)
+    Cv = conv_silu(C_window, cw_ptr, cb_ptr, cc, col_ok, stride_wc, stride_wk, K, KP, HAS_BIAS)
+    Bv, Cv = Bv.to(dtype).to(tl.float32), Cv.to(dtype).to(tl.float32)
     tl.debug_barrier()  # every read of the old x state precedes any write of the shifted one
     kk = tl.arange(0, KP)
-    tl.store(conv_row + xc[:, None] * stride_cc + kk[None, :] * stride_ck, x_window,
-             mask=row_ok[:, None] & (kk[None, :] < K))  # fmt: skip
+    tl.store(x_rows + kk[None, :] * stride_ck, x_window, mask=row_ok[:, None] & (kk[None, :] < K))
 
     # The SSD step of this slice of the state.
     dt = _softplus(tl.load(dt_ptr + b * stride_dtb + h).to(tl.float32) + tl.load(dt_bias_ptr + h).to(tl.float32))
@@ -117,22 +104,9 @@ def _step_tail_kernel(
             wv = tl.load(nw_ptr + c, mask=c_ok, other=0.0).to(tl.float32)
             tl.store(out_ptr + b * stride_ob + c, (v * scale * wv).to(out_ptr.dtype.element_ty), mask=c_ok)
         # B and C's conv state: all of the group's programs have read the old one.
-        _shift(conv_row, x_in, cw_ptr, cb_ptr, d_inner + g * n + cols, col_ok, stride_cc, stride_ck, stride_wc,
-               stride_wk, K, KP, HAS_BIAS, dtype)  # fmt: skip
-        _shift(conv_row, x_in, cw_ptr, cb_ptr, d_inner + groups * n + g * n + cols, col_ok, stride_cc, stride_ck,
-               stride_wc, stride_wk, K, KP, HAS_BIAS, dtype)  # fmt: skip
-
-
-@triton.jit
-def _shift(conv_row, x_in, cw_ptr, cb_ptr, ch, ch_ok, stride_cc, stride_ck, stride_wc, stride_wk,
-           K: tl.constexpr, KP: tl.constexpr, HAS_BIAS: tl.constexpr, OUT_DTYPE: tl.constexpr):  # fmt: skip
-    """Shift channels ``ch``'s conv state by the new input."""
-    _, window = _conv_silu(conv_row + ch[:, None] * stride_cc, x_in, cw_ptr, cb_ptr, ch, ch_ok, stride_ck, stride_wc,
-                           stride_wk, K, KP, HAS_BIAS, OUT_DTYPE)  # fmt: skip
-    tl.debug_barrier()
-    kk = tl.arange(0, KP)
-    tl.store(conv_row + ch[:, None] * stride_cc + kk[None, :] * stride_ck, window,
-             mask=ch_ok[:, None] & (kk[None, :] < K))  # fmt: skip
+        bc_ok = col_ok[:, None] & (kk[None, :] < K)
+        tl.store(B_rows + kk[None, :] * stride_ck, B_window, mask=bc_ok)
+        tl.store(C_rows + kk[None, :] * stride_ck, C_window, mask=bc_ok)
 
 
 def mamba_step_tail(

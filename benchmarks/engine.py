@@ -21,7 +21,7 @@ their streams the late ones were; the engine worker's CPU time and the whole pro
 below 100% under load waits: for the interpreter lock, or in a blocking sleep; CUDA's waits spin, and count as CPU).
 Runs use the engine's vocoder_batching on (its default: every stream a row of the vocoder slab, pushed every
 --vocoder-frames steps; streams per slab push shown); --vocoder-batching off on adds a decoder per stream beside it.
-Before each load every bucket of busy slots runs twice, as Zonos.warmup(streams=slots) does.
+Before each load Zonos.warmup(streams=slots) runs every bucket of busy slots twice.
 """
 
 from __future__ import annotations
@@ -38,7 +38,6 @@ from benchmarks.common import percentile, random_model, table
 from benchmarks.gpu import read_bandwidth_gbs
 from zonos.codec.autoencoder import DACAutoencoder
 from zonos.codec.dac import DACConfig
-from zonos.utils import batch_buckets
 
 FRAME_S = 512 / 44100
 
@@ -121,18 +120,9 @@ def run(
     distinct = min(n, 2 * slots)  # conditioning tensors, reused round-robin past that
     prefixes = [torch.randn(2, prefix_tokens, d, device="cuda", generator=g).to(model.dtype) for _ in range(distinct)]
 
-    # As Zonos.warmup(streams=slots) does, with this run's logits processor (the step graphs are keyed by it): each
-    # bucket of busy slots twice, so every bucket's step graph and slab push (captured at the second occurrence of
-    # its shape) are ready; a push compiled during the run cost a quarter of the worker's time (py-spy, 20-40/s).
-    for count in batch_buckets(slots):
-        for _ in range(2):
-            hs = [
-                model.submit(prefixes[i % distinct], max_new_tokens=40, stream=True, logits_processor=processor)
-                for i in range(count)
-            ]
-            for h in hs:
-                for _ in h:
-                    pass
+    # Every bucket of busy slots, twice (a slab push is captured at the second occurrence of its shape), with this
+    # run's logits processor: a push compiled during the run cost a quarter of the worker's time (py-spy, 20-40/s).
+    model.warmup(prefix_tokens, frames=40, streams=slots, progress_bar=False, logits_processor=processor)
     records: list[dict] = [{} for _ in range(n)]
     worker_clock = time.pthread_getcpuclockid(engine._thread.ident)
     steps0, t0 = engine.steps, time.perf_counter()

@@ -345,6 +345,19 @@ def test_warmup_runs_streams_together(model):
         model.start_engine(slots=4)
 
 
+def test_warmup_runs_the_requests_logits_processor(model):
+    """``warmup(logits_processor=fn)`` runs its requests with ``fn`` (the step graphs are keyed by it), at every
+    step of every stream."""
+    seen = []
+
+    def processor(logits, step):
+        seen.append(logits.shape[0])
+        return logits
+
+    model.warmup(prefix_length=8, frames=6, streams=2, progress_bar=False, logits_processor=processor)
+    assert seen and set(seen) <= {1, 2}
+
+
 def test_memory_plan_counts_the_vocoders(model, monkeypatch):
     """The start-up memory check counts each slot's decode state and its stream's vocoder state (a decoder of its
     own; with vocoder_batching its slab row too): a GPU with room for the decode state alone is refused, naming how

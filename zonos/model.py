@@ -600,6 +600,7 @@ class Zonos(UsesOps, nn.Module):
         all_prefill_lengths: bool = False,
         streams: int = 1,
         progress_bar: bool = True,
+        logits_processor: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
     ) -> float:
         """Pay now, behind a progress bar, what the first request would pay: two short streamed requests on
         random conditioning of ``prefix_length`` tokens compile and autotune the GPU kernels (Triton keeps
@@ -610,7 +611,8 @@ class Zonos(UsesOps, nn.Module):
         taking prompts of any length). ``streams`` > 1 (a server): the requests also run as many at a time as
         each bucket of :func:`~zonos.utils.batch_buckets` up to ``streams``, capturing the decode step of every
         bucket of busy slots up to there and, with the engine's ``vocoder_batching``, the slab push of every
-        bucket of rows. The bar names each Triton kernel as it is compiled. Returns the seconds it took; the model
+        bucket of rows. ``logits_processor``: the one requests will pass (the step graphs are keyed by it). The bar
+        names each Triton kernel as it is compiled. Returns the seconds it took; the model
         is ready for the next request.
         """
         for name, value in (("prefix_length", prefix_length), ("frames", frames), ("streams", streams)):
@@ -653,6 +655,7 @@ class Zonos(UsesOps, nn.Module):
                             stream=True,
                             first_chunk_frames=first_chunk_frames,
                             chunk_frames=chunk_frames,
+                            logits_processor=logits_processor,
                         )
                         for _ in range(n)
                     ]

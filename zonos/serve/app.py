@@ -75,7 +75,12 @@ def create_app(load_model: Callable[[], Any], settings: ServerSettings | None = 
             )
         if settings.warmup and model.device.type == "cuda":
             # Every bucket of busy slots, so no step graph or slab push is compiled while requests wait on it.
-            model.warmup(progress_bar=False, all_prefill_lengths=True, streams=model.engine.slots.count)
+            model.warmup(
+                progress_bar=False,
+                all_prefill_lengths=True,
+                streams=model.engine.slots.count,
+                logits_processor=settings.logits_processor,
+            )
         return SpeechService(model, settings)
 
     @asynccontextmanager

@@ -99,8 +99,8 @@ def run(
     vocoder_streams: int,
     batching: bool,
     load: str,
-    vocoder_frames: int = 4,
-    bandwidth: float = 4.3e12,
+    vocoder_frames: int,
+    bandwidth: float,
 ) -> dict:
     """One load (``arrivals``, seconds from the start) on a fresh engine; ``bandwidth``: the device's read bytes/s,
     for the step's byte floor."""

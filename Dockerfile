@@ -44,19 +44,6 @@ COPY zonos ./zonos
 COPY zonos_accel ./zonos_accel
 RUN pip install --constraint constraints.txt '.[demo,gpu]'
 
-# mamba-ssm: only its Triton kernels are used (zonos_accel.triton). Its PyPI release is an sdist whose setup
-# compiles a Mamba-1 CUDA extension we never call, which needs nvcc (absent here): skip that build, and give
-# the package's unconditional `import selective_scan_cuda` a placeholder. If this fails the image still works:
-# Zonos runs its own kernels and torch ops instead (same output).
-RUN pip install --constraint constraints.txt packaging wheel ninja \
-    && MAMBA_SKIP_CUDA_BUILD=TRUE MAMBA_FORCE_BUILD=TRUE \
-       pip install --constraint constraints.txt --no-build-isolation mamba-ssm \
-    && (python -c "import selective_scan_cuda" 2>/dev/null \
-        || echo "# placeholder for mamba_ssm's Mamba-1 CUDA extension (unused by Zonos)" \
-           > "$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/selective_scan_cuda.py") \
-    && python -c "import mamba_ssm.ops.triton.selective_state_update" \
-    || echo "WARNING: mamba-ssm is not usable; Zonos will run its own kernels instead of mamba_ssm's"
-
 # Run as an unprivileged user that owns the cache volumes (a named volume starts with this ownership; a bind
 # mount must be writable by uid 1000).
 RUN useradd --create-home --uid 1000 --shell /bin/sh zonos \

@@ -970,14 +970,13 @@ def build_demo(
                     toggles = [
                         gr_.Checkbox(
                             label=label,
-                            # None (the loader's default) is on for graphs and fast ops, off for the CuTe kernels
-                            value=on_gpu and (not key.startswith("use_cute") if flags.get(key) is None else flags[key]),
+                            value=on_gpu and (_on_by_default(key) if flags.get(key) is None else flags[key]),
                             interactive=on_gpu,
                             info=reason or hint,
                         )
                         for key, label, hint in (
                             ("use_cute_gemv", "CuTe GEMV", "CuTeDSL skinny GEMVs for the decode projections"),
-                            ("use_cute_scan", "CuTe scan", "CuTeDSL Mamba2 SSD scan for prompts up to 256 tokens"),
+                            ("use_cute_scan", "CuTe scan", "CuTeDSL Mamba2 SSD scan for the prefill"),
                             ("cuda_graphs", "CUDA graphs", "replay the decode step and prefill as CUDA graphs"),
                             ("fast_ops", "Fast ops", "Triton kernels for the backbone's ops"),
                         )
@@ -1324,7 +1323,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="frames in the steady chunks; the chunks after the first double in size until they reach it",
     )
     p.add_argument("--cute-gemv", action="store_true", help="CUDA: decode projections through the CuTeDSL GEMVs")
-    p.add_argument("--cute-scan", action="store_true", help="CUDA: the prefill's SSD scan through the CuTeDSL kernel")
+    scan = p.add_mutually_exclusive_group()
+    scan.add_argument(
+        "--cute-scan",
+        action="store_true",
+        help="CUDA: require the prefill's SSD scan on the CuTeDSL kernel (without either flag: on where it can run)",
+    )
+    scan.add_argument(
+        "--no-cute-scan", action="store_true", help="CUDA: the prefill's SSD scan on mamba_ssm's kernels or torch"
+    )
     p.add_argument("--no-cuda-graphs", action="store_true", help="CUDA: run the decode step eagerly")
     p.add_argument("--no-fast-ops", action="store_true", help="CUDA: the torch reference ops instead of Triton")
     p.add_argument("--no-preload", action="store_true", help="load the first model on the first request, not at start")
@@ -1387,10 +1394,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+def _on_by_default(flag: str) -> bool:
+    """What None (the loader's default) means for an accelerator flag on a GPU: on for graphs and fast ops, on for
+    the CuTe scan where nvidia-cutlass-dsl is installed, off for the CuTe GEMV."""
+    if flag == "use_cute_gemv":
+        return False
+    if flag == "use_cute_scan":
+        from zonos_accel.ssd import cute_scan_available
+
+        return cute_scan_available()
+    return True
+
+
 def _accelerator_flags(args: argparse.Namespace) -> dict[str, bool | None]:
     return {
         "use_cute_gemv": args.cute_gemv,
-        "use_cute_scan": args.cute_scan,
+        "use_cute_scan": True if args.cute_scan else False if args.no_cute_scan else None,
         "cuda_graphs": False if args.no_cuda_graphs else None,
         "fast_ops": False if args.no_fast_ops else None,
     }

@@ -7,13 +7,17 @@ is CLOCK_MONOTONIC on Linux, so the parent's spawn time and the child's stamps s
 1. imports torch, zonos and the accelerator packages (zonos_accel.graphs, zonos_accel.triton → triton and
    mamba_ssm; with ``--cute-gemv`` also the CuTeDSL kernel module);
 2. builds the model: real-size Zonos-v0.1-hybrid with random bf16 weights (``benchmarks/common.py:
-   random_model``), a random real-size DAC 44.1 kHz codec, then ``model.use_accelerators()``
-   as ``from_local`` does (Triton fast ops and CUDA graphs on; the checkpoint read of ``from_local`` is not
-   part of this), synchronized: "model ready";
+   random_model``; with ``--checkpoint DIR`` or ``--write-checkpoint`` read from a real-size checkpoint file by
+   ``Zonos.from_local`` instead), a random real-size DAC 44.1 kHz codec, then ``model.use_accelerators()``
+   as ``from_local`` does (Triton fast ops, the CuTeDSL scan and CUDA graphs on), synchronized: "model ready";
 3. runs two streamed requests (``generate(..., stream=True)``, batch 1 with CFG, a random (2, 120, 2048)
    prefix in place of text conditioning, so no espeak; EOS barred by a logits processor) and stops each at its
    first audio chunk, stamping prefill done, first decode step (device synchronized at both) and the first
    chunk with audio.
+
+The child also times each Triton compile (between Triton's ``jit_cache_hook`` and ``jit_post_compile_hook``: a
+compile, or a load from the disk cache when warm; an autotuner compiles every config it benchmarks), and the
+parent prints the kernels that took longest, per case.
 
 Cases (``--cases``): ``cold`` runs with empty TRITON_CACHE_DIR, TORCHINDUCTOR_CACHE_DIR and
 CUTE_DSL_CACHE_DIR in a temporary directory; ``warm`` is a second process on the same directories (primed
@@ -60,14 +64,17 @@ def child(args: argparse.Namespace) -> None:
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
     import torch
+
+    stamps["torch"] = time.perf_counter()
     from common import random_model
     from gpu import tiny_model
 
     from zonos.codec.autoencoder import DACAutoencoder
     from zonos.codec.dac import DACConfig
-    from zonos.model import Zonos  # noqa: F401  (import cost belongs to "imports")
+    from zonos.model import Zonos  # import cost belongs to "imports"
 
     accel = not args.tiny and args.device.startswith("cuda")
+    stamps["zonos"] = time.perf_counter()
     if accel:
         import zonos_accel.graphs  # noqa: F401
         import zonos_accel.triton  # noqa: F401  (triton, mamba_ssm)
@@ -75,6 +82,7 @@ def child(args: argparse.Namespace) -> None:
         if args.cute_gemv:
             import zonos_accel.gemv.kernel  # noqa: F401  (cutlass)
     stamps["imports"] = time.perf_counter()
+    compiles = CompileLog() if accel else None
 
     def sync() -> None:
         if accel:
@@ -89,12 +97,20 @@ def child(args: argparse.Namespace) -> None:
         codec = DACAutoencoder(DACConfig(), device=args.device)
         sync()
         stamps["codec"] = time.perf_counter()
-        model = random_model("hybrid", device=args.device, autoencoder=codec, max_seqlen=args.max_seqlen)
+        if args.checkpoint:  # read as a downloaded checkpoint is; the accelerators are chosen below
+            files = (Path(args.checkpoint) / "config.json", Path(args.checkpoint) / "model.safetensors")
+            model = Zonos.from_local(
+                *files, device=args.device, autoencoder=codec, max_seqlen=args.max_seqlen, fast_ops=False,
+                cuda_graphs=False, use_cute_scan=False,
+            )  # fmt: skip
+        else:
+            model = random_model("hybrid", device=args.device, autoencoder=codec, max_seqlen=args.max_seqlen)
         dtype = torch.bfloat16
     sync()
     stamps["model"] = time.perf_counter()
     if accel:
-        model.use_accelerators(use_cute_gemv=args.cute_gemv or None)  # what from_local does (defaults: all on)
+        # what from_local does (defaults: all on)
+        model.use_accelerators(use_cute_gemv=args.cute_gemv or None, use_cute_scan=args.cute_scan or None)
     else:
         model.use_accelerators(fast_ops=False, cuda_graphs=False, use_cute_gemv=False)
     sync()
@@ -110,7 +126,35 @@ def child(args: argparse.Namespace) -> None:
         graphs = model.engine.graphs
         requests[-1]["captures"] = None if graphs is None else graphs.captures
     result = {"stamps": stamps, "requests": requests, "env": environment(torch, args.device)}
+    result["compiles"] = {} if compiles is None else compiles.by_kernel
     print(RESULT_TAG + json.dumps(result), flush=True)
+
+
+class CompileLog:
+    """Seconds and count of Triton compiles per kernel name in this process (from Triton's JIT hooks)."""
+
+    def __init__(self):
+        import threading
+
+        from triton import knobs
+
+        self.by_kernel: dict[str, list] = {}  # name -> [compiles, seconds]
+        self._started: dict[int, float] = {}
+        self._thread = threading.get_ident
+
+        def started(*, fn, **kwargs):
+            self._started[self._thread()] = time.perf_counter()
+            return None  # compile as usual
+
+        def finished(*, fn, **kwargs):
+            t0 = self._started.pop(self._thread(), None)
+            if t0 is not None:
+                entry = self.by_kernel.setdefault(fn.name, [0, 0.0])
+                entry[0] += 1
+                entry[1] += time.perf_counter() - t0
+
+        knobs.runtime.jit_cache_hook = started
+        knobs.runtime.jit_post_compile_hook = finished
 
 
 class PrefillStamp:
@@ -192,6 +236,21 @@ def environment(torch, device: str) -> str:
 # ------------------------------------------------------------------------------------------------ parent
 
 
+def write_checkpoint(directory: str) -> None:
+    """A real-size Zonos-v0.1-hybrid checkpoint of random bf16 weights (config.json, model.safetensors) in
+    ``directory``, for ``--checkpoint`` runs (a child process of its own: the parent stays free of torch)."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from common import CONFIGS, random_model
+    from safetensors.torch import save_file
+
+    model = random_model("hybrid", device="cuda")
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    shutil.copy(CONFIGS / "zonos-v0.1-hybrid_config.json", out / "config.json")
+    save_file({k: v.cpu() for k, v in model.state_dict().items()}, str(out / "model.safetensors"))
+
+
 def run_child(args: argparse.Namespace, case: str, cache: Path) -> dict:
     _, _, extra = CASES[case]
     env = dict(os.environ)
@@ -208,6 +267,8 @@ def run_child(args: argparse.Namespace, case: str, cache: Path) -> dict:
     cmd += ["--max-seqlen", str(args.max_seqlen)]
     cmd += ["--tiny"] if args.tiny else []
     cmd += ["--cute-gemv"] if args.cute_gemv else []
+    cmd += ["--cute-scan"] if args.cute_scan else []
+    cmd += ["--checkpoint", args.checkpoint] if args.checkpoint else []
     env[SPAWN_ENV] = repr(time.perf_counter())
     proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, text=True, timeout=args.child_timeout)
     result = None
@@ -235,6 +296,9 @@ def row(case: str, result: dict) -> dict:
         "case": case,
         "spawn → start s": f"{s['start'] - s['spawn']:.3f}",
         "import s": f"{s['imports'] - s['start']:.2f}",
+        "of which torch / zonos / accelerators s": (
+            f"{s['torch'] - s['start']:.2f} / {s['zonos'] - s['torch']:.2f} / {s['imports'] - s['zonos']:.2f}"
+        ),
         "build s": f"{s['ready'] - s['imports']:.2f}",
         "of which codec / backbone / accelerators s": (
             f"{s['codec'] - s['imports']:.2f} / {s['model'] - s['codec']:.2f} / {s['ready'] - s['model']:.2f}"
@@ -252,6 +316,15 @@ def row(case: str, result: dict) -> dict:
     }
 
 
+def compile_rows(case: str, compiles: dict[str, list], top: int = 12) -> list[dict]:
+    """The ``top`` kernels by compile seconds, then the total."""
+    ranked = sorted(compiles.items(), key=lambda kv: -kv[1][1])
+    out = [{"case": case, "kernel": k, "compiles": n, "s": f"{t:.2f}"} for k, (n, t) in ranked[:top]]
+    n_all, t_all = sum(v[0] for v in compiles.values()), sum(v[1] for v in compiles.values())
+    out.append({"case": case, "kernel": f"all {len(compiles)} kernels", "compiles": n_all, "s": f"{t_all:.2f}"})
+    return out
+
+
 def markdown(rows: list[dict], title: str) -> str:
     keys = list(rows[0])
     out = [f"\n### {title}\n", "| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
@@ -266,7 +339,11 @@ def parent(args: argparse.Namespace) -> int:
         raise SystemExit(f"unknown cases {unknown}; choose from {list(CASES)}")
     keep = args.cache_root is not None
     root = Path(args.cache_root) if keep else Path(tempfile.mkdtemp(prefix="zonos-first-request-"))
-    rows, env, first_audio = [], None, {}
+    rows, env, first_audio, compiles = [], None, {}, []
+    if args.write_checkpoint:
+        args.checkpoint = str(root / "checkpoint")
+        writer = [sys.executable, str(Path(__file__).resolve()), "--write-checkpoint-to", args.checkpoint]
+        subprocess.run(writer, check=True, timeout=args.child_timeout)
     try:
         for case in cases:
             group, fresh, _ = CASES[case]
@@ -281,6 +358,8 @@ def parent(args: argparse.Namespace) -> int:
             result = run_child(args, case, cache)
             env = result["env"]
             rows.append(row(case, result))
+            if result["compiles"]:
+                compiles += compile_rows(case, result["compiles"])
             r1 = result["requests"][0]
             if "audio" in r1:
                 first_audio[case] = (r1["audio"] - r1["call"]) * 1e3
@@ -295,7 +374,8 @@ def parent(args: argparse.Namespace) -> int:
             shutil.rmtree(root, ignore_errors=True)
 
     model = "tiny hybrid fp32, accelerators off" if args.tiny else "Zonos-v0.1-hybrid random bf16, use_accelerators()"
-    gemv = ", use_cute_gemv" if args.cute_gemv else ""
+    model += ", read from a checkpoint by from_local" if args.checkpoint else ""
+    gemv = (", use_cute_gemv" if args.cute_gemv else "") + (", use_cute_scan" if args.cute_scan else "")
     title = (
         f"First request in a fresh process ({model}{gemv}; {env}; prefix {args.prefix}, CFG {args.cfg_scale}, "
         f"first chunk {args.first_chunk_frames} frames)"
@@ -307,6 +387,8 @@ def parent(args: argparse.Namespace) -> int:
         "call (prefill and first step stamped after a device sync); captures: graphs the engine's graph cache holds "
         "after each request."
     )
+    if compiles:
+        print(markdown(compiles, "Triton compiles (or disk-cache loads) by kernel, longest first"))
     for case in () if args.tiny else ("warm",):
         if case in first_audio:
             verdict = "met" if first_audio[case] <= TARGET_MS else "missed"
@@ -328,12 +410,27 @@ def main() -> int:
     ap.add_argument("--cfg-scale", type=float, default=2.0)
     ap.add_argument("--max-seqlen", type=int, default=4096)
     ap.add_argument("--cute-gemv", action="store_true", help="use_cute_gemv=True as well")
+    ap.add_argument("--cute-scan", action="store_true", help="use_cute_scan=True as well")
+    ap.add_argument(
+        "--checkpoint",
+        help="load the model with Zonos.from_local from this directory (config.json, model.safetensors) instead of "
+        "building random weights in the process, so model ready includes the checkpoint read",
+    )
+    ap.add_argument(
+        "--write-checkpoint",
+        action="store_true",
+        help="write a random real-size checkpoint into the cache root first (not timed) and load it as --checkpoint",
+    )
+    ap.add_argument("--write-checkpoint-to", help=argparse.SUPPRESS)
     ap.add_argument("--cache-root", help="keep the kernel caches here (default: a temporary directory, removed)")
     ap.add_argument("--child-timeout", type=float, default=900.0, help="seconds per child process")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.tiny and args.max_seqlen == 4096:
         args.max_seqlen = 512
+    if args.write_checkpoint_to:
+        write_checkpoint(args.write_checkpoint_to)
+        return 0
     if args.child:
         child(args)
         return 0

@@ -333,11 +333,15 @@ def test_cute_ssd_scan_matches_the_recurrence(length, init, b, batched_loads, mo
     assert _rel(final, final_ref) <= 1e-3
 
 
+@pytest.mark.parametrize("batched_loads", [False, True])
 @pytest.mark.parametrize("h,p,n,g,length", [(8, 32, 64, 2, 77), (4, 16, 128, 4, 300), (6, 48, 64, 3, 5)])
 @gpu
-def test_cute_ssd_scan_ragged_shapes(h, p, n, g, length):
-    """Other head sizes, state sizes and groups, without D."""
+def test_cute_ssd_scan_ragged_shapes(h, p, n, g, length, batched_loads, monkeypatch):
+    """Other head sizes, state sizes and groups, without D, with either way of loading the chunk."""
     scan = _cute_scan()
+    import zonos_accel.ssd
+
+    monkeypatch.setattr(zonos_accel.ssd, "BATCHED_LOADS", batched_loads)
     x, dt, A, B, C, D = _scan_inputs(3, length, h, p, n, g, seed=h * p)
     s0 = torch.randn(3, h, p, n, device="cuda").to(torch.bfloat16)
     y_ref, final_ref = _sequential64(x, dt, A, B, C, torch.zeros_like(D), s0)
@@ -345,6 +349,45 @@ def test_cute_ssd_scan_ragged_shapes(h, p, n, g, length):
     y, final = scan(x, dt, A, B, C, 256, initial_state=s0)
     assert _rel(y, y_ref) <= 5e-3
     assert _rel(final, final_ref) <= 1e-3
+
+
+_DEFAULT_SCAN_CHILD = """
+import json, sys, torch
+from tests.tiny import tiny_config
+from zonos.config import ZonosConfig
+from zonos.model import Zonos
+cfg = tiny_config("hybrid")
+cfg["backbone"]["ssm_cfg"].update(d_state=64, headdim=16)  # shapes the CuTeDSL scan takes
+torch.manual_seed(0)
+model = Zonos(ZonosConfig.from_dict(cfg), max_seqlen=128).to("cuda", torch.bfloat16).eval()
+model.use_accelerators()
+prefix = torch.randn(2, 40, 64, device="cuda", dtype=torch.bfloat16)
+gen = torch.Generator("cuda").manual_seed(1)
+codes = model.generate(prefix, max_new_tokens=12, progress_bar=False, generator=gen)
+found = [model.backend.name, "mamba_ssm" in sys.modules, list(codes.shape), codes.min().item(), codes.max().item()]
+print(json.dumps(found))
+"""
+
+
+@gpu
+def test_default_accelerators_scan_on_cute_without_importing_mamba_ssm():
+    """use_accelerators() with nothing asked: the prefill scan is the CuTeDSL kernel, mamba_ssm (and the
+    transformers import behind it) stays unloaded, and a request runs through it (a fresh process: other tests
+    import mamba_ssm)."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("cutlass", reason="the CuTeDSL scan needs nvidia-cutlass-dsl")
+    root = Path(__file__).resolve().parent.parent
+    out = subprocess.run(
+        [sys.executable, "-c", _DEFAULT_SCAN_CHILD], cwd=root, capture_output=True, text=True, timeout=600
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    name, mamba_loaded, shape, low, high = json.loads(out.stdout.splitlines()[-1])
+    assert name.endswith("+cute_scan") and not mamba_loaded, out.stdout
+    assert shape == [1, 9, 12] and 0 <= low <= high <= 1025, out.stdout
 
 
 @gpu

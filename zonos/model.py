@@ -118,7 +118,7 @@ class Zonos(UsesOps, nn.Module):
         fast_ops: bool | None = None,
         cuda_graphs: bool | None = None,
         use_cute_gemv: bool = False,
-        use_cute_scan: bool = False,
+        use_cute_scan: bool | None = None,
         fused_sampling: bool | None = None,
     ) -> Zonos:
         """Load from a ``config.json`` and a ``model.safetensors``.
@@ -136,8 +136,9 @@ class Zonos(UsesOps, nn.Module):
                 captured once and reused across requests. None: on when the device is CUDA.
             use_cute_gemv: decode-shaped projections (≤ 8 rows: batch ≤ 4 with CFG) through our CuTeDSL GEMVs
                 instead of cuBLAS (needs ``nvidia-cutlass-dsl``; prefill stays on cuBLAS).
-            use_cute_scan: the prefill's Mamba2 SSD scan of up to 256 tokens (a sentence prompt) through our CuTeDSL
-                kernel, one launch per layer (needs ``nvidia-cutlass-dsl``).
+            use_cute_scan: the prefill's Mamba2 SSD scan through our CuTeDSL kernel, one launch per layer and
+                prefill piece (needs ``nvidia-cutlass-dsl``). None: on with the fast ops where it can run; then
+                mamba_ssm is not imported (its scan, when installed, is the fallback without CuTeDSL).
             fused_sampling: the decode step's sampling and EOS bookkeeping as two Triton launches (see
                 :meth:`use_accelerators`). None: with the fast ops.
         """
@@ -145,7 +146,9 @@ class Zonos(UsesOps, nn.Module):
         config = ZonosConfig.from_json(config_path)
         with torch.device("meta"):
             model = cls(config, autoencoder=autoencoder, max_seqlen=max_seqlen)
-        state = load_safetensors(model_path)  # a truncated or corrupt file: a CheckpointError naming it
+        # Straight onto the device, where the finiteness check over 1.65 G elements takes milliseconds (seconds on
+        # the CPU). A truncated or corrupt file: a CheckpointError naming it.
+        state = load_safetensors(model_path, device=device)
         model.load_checkpoint(state, device=device, dtype=dtype, source=os.fspath(model_path))
         model.eval()
         model.use_accelerators(
@@ -168,7 +171,8 @@ class Zonos(UsesOps, nn.Module):
     ) -> None:
         """Choose this model's op backend and graph capture (None: on where the device and installed packages
         allow, with a warning on CUDA when the Triton ops' packages are missing; the CuTeDSL GEMV stays off unless
-        asked for). ``fused_sampling``: the decode step's per-row sampling as one Triton launch instead of 66-79 torch
+        asked for, the CuTeDSL scan is on with the fast ops where nvidia-cutlass-dsl is installed).
+        ``fused_sampling``: the decode step's per-row sampling as one Triton launch instead of 66-79 torch
         kernels, and its EOS bookkeeping as one more instead of 30 (one of the fast ops, so None follows them: on an
         H200 the step takes 1.913 ms against 2.071 without it). ``fused_mamba_step``: each Mamba2 layer's decode step
         between its projections (conv step, state update, gated RMSNorm) as one Triton kernel instead of three
@@ -191,6 +195,18 @@ class Zonos(UsesOps, nn.Module):
         for name, wanted in (("fused_sampling", fused_sampling), ("fused_mamba_step", fused_mamba_step)):
             if wanted and fast_ops is False:
                 raise ZonosInputError(f"{name}=True is one of the fast ops: leave fast_ops on (True or None)")
+        if use_cute_scan is not False and self.config.backbone.is_hybrid:
+            from zonos_accel.ssd import cute_scan_available, cute_scan_fits
+
+            mamba = self.config.backbone.mamba2()
+            fits = cute_scan_fits(mamba["headdim"], mamba["d_state"])
+            if use_cute_scan and not fits:
+                raise ZonosInputError(
+                    "use_cute_scan=True: the CuTeDSL scan takes Mamba2 head dims up to 64 (multiples of 16) and "
+                    f"states of 64 or 128, and this model has {mamba['headdim']} and {mamba['d_state']}: leave it off"
+                )
+            if use_cute_scan is None:
+                use_cute_scan = on_cuda and fast_ops is not False and fits and cute_scan_available()
         backend = REFERENCE
         if fast_ops or fused_sampling or fused_mamba_step or (fast_ops is None and on_cuda):
             import zonos_accel.triton as fast
@@ -198,6 +214,8 @@ class Zonos(UsesOps, nn.Module):
             try:
                 names = fast.DEFAULT_OPS + (fast.FUSED_SAMPLING_OPS if fused_sampling is not False else ())
                 names += fast.FUSED_MAMBA_OPS if fused_mamba_step else ()
+                if use_cute_scan:  # the CuTeDSL scan replaces mamba_ssm's: leave that package unimported
+                    names = tuple(name for name in names if name != "ssd_scan")
                 backend = fast.triton_backend(backend, names)
             except ImportError as err:
                 if fast_ops or fused_sampling or fused_mamba_step:

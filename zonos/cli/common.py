@@ -85,11 +85,17 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
         help="run the decode projections through our CuTeDSL GEMV instead of cuBLAS (CUDA only; needs "
         "nvidia-cutlass-dsl from pip install 'zonos-accel[gpu]')",
     )
-    p.add_argument(
+    scan = p.add_mutually_exclusive_group()
+    scan.add_argument(
         "--cute-scan",
         action="store_true",
-        help="run the prefill's Mamba2 SSD scan (prompts up to 256 tokens) through our CuTeDSL kernel (CUDA only; "
-        "needs nvidia-cutlass-dsl from pip install 'zonos-accel[gpu]')",
+        help="require the prefill's Mamba2 SSD scan on our CuTeDSL kernel (CUDA only; needs nvidia-cutlass-dsl from "
+        "pip install 'zonos-accel[gpu]'): an error where it cannot run. Without either flag it is on where it can run",
+    )
+    scan.add_argument(
+        "--no-cute-scan",
+        action="store_true",
+        help="run the prefill's SSD scan on mamba_ssm's Triton kernels (when installed) or torch instead",
     )
     p.add_argument(
         "--no-fused-sampling",
@@ -163,6 +169,14 @@ def check_device(spec: str | None, args: argparse.Namespace | None = None):
     return device
 
 
+def cute_scan_flag(args: argparse.Namespace) -> bool | None:
+    """``use_cute_scan`` from ``--cute-scan`` (True) and ``--no-cute-scan`` (False); None (on where it can run)
+    without either."""
+    if getattr(args, "cute_scan", False):
+        return True
+    return False if getattr(args, "no_cute_scan", False) else None
+
+
 def check_positive(args: argparse.Namespace, *names: str) -> None:
     """Each of ``args``' ``names`` that is given is at least 1."""
     for name in names:
@@ -226,7 +240,7 @@ def load_model(args: argparse.Namespace, device):
         fast_ops=False if args.no_fast_ops else None,
         cuda_graphs=False if args.no_cuda_graphs else None,
         use_cute_gemv=args.cute_gemv,
-        use_cute_scan=getattr(args, "cute_scan", False),
+        use_cute_scan=cute_scan_flag(args),
         fused_sampling=False if getattr(args, "no_fused_sampling", False) else None,
     )
     log(f"loaded {args.model} on {device} in {time.perf_counter() - t0:.1f} s")

@@ -112,7 +112,8 @@ class DACAutoencoder:
     @classmethod
     def _from_files(cls, config_path: Path, weights_path: Path, device: str | torch.device) -> DACAutoencoder:
         config = DACConfig.from_json(config_path)
-        return cls(config, load_safetensors(weights_path), device=device, source=str(weights_path))
+        weights = load_safetensors(weights_path, device=device)  # checked and converted where they will run
+        return cls(config, weights, device=device, source=str(weights_path))
 
     @classmethod
     def from_pretrained(

@@ -85,7 +85,7 @@ def _check(x, dt, A, B, C, D, initial_state) -> None:
     for name, t in (("dt", dt), ("A", A), ("D", D), ("initial_state", initial_state)):
         if t is not None and t.dtype not in (torch.bfloat16, torch.float32):
             raise ZonosInputError(f"the CuTeDSL ssd_scan takes {name} in bf16 or fp32, got {t.dtype}")
-    if p > 64 or p % 16 or n not in (64, 128):
+    if not cute_scan_fits(p, n):
         raise ZonosInputError(
             f"the CuTeDSL ssd_scan takes head dim p ≤ 64 (a multiple of 16) and state 64 or 128, got {p}, {n}"
         )
@@ -176,20 +176,45 @@ def warmup(p: int = 64, n: int = 128, device: torch.device | None = None) -> Non
         ssd_scan(x, dt, A, Bm, Bm, CHUNK, initial_state=s0)
 
 
-__all__ = ["BATCHED_LOADS", "CHUNK", "kernel_module", "require_cute_scan", "ssd_scan", "warmup"]
+def cute_scan_fits(p: int, n: int) -> bool:
+    """Whether the kernel takes a mixer of head dim ``p`` and state size ``n`` (Zonos-v0.1-hybrid: 64 and 128)."""
+    return 0 < p <= 64 and p % 16 == 0 and n in (64, 128)
+
+
+def cute_scan_available() -> bool:
+    """Whether this process can run the CuTeDSL scan (what ``use_cute_scan=None`` turns it on for): a CUDA device of
+    sm_80 or newer and an importable nvidia-cutlass-dsl."""
+    try:
+        require_cute_scan()
+    except (ImportError, RuntimeError):
+        return False
+    return True
 
 
 def cute_scan_backend(base):
-    """``base`` (a :class:`zonos.ops.backend.Backend`) with prefill scans of up to :data:`CHUNK` tokens on the CuTeDSL
-    kernel (``use_cute_scan``) and longer ones on ``base``'s scan, which is faster past one chunk when it is
-    mamba_ssm's (``benchmarks/ssd_scan.py``: 0.095 against 0.160 ms at 1024 tokens). Raises as
-    :func:`require_cute_scan` does."""
+    """``base`` (a :class:`zonos.ops.backend.Backend`) with its prefill scans on CUDA tensors on the CuTeDSL kernel
+    (``use_cute_scan``), at any length. The engine prefills in pieces of at most :data:`CHUNK` tokens
+    (``zonos_accel.graphs.MAX_PIECE``), each one launch per layer, so a request's scan never runs the chunk loop
+    that trails mamba_ssm's (the module's docstring). Raises as :func:`require_cute_scan` does."""
     require_cute_scan()
     fallback = base.op("ssd_scan")
 
     def scan(x, dt, A, B, C, chunk_size, D=None, initial_state=None):
-        if x.is_cuda and x.shape[1] <= CHUNK:
+        if x.is_cuda:
             return ssd_scan(x, dt, A, B, C, chunk_size, D=D, initial_state=initial_state)
         return fallback(x, dt, A, B, C, chunk_size, D=D, initial_state=initial_state)
 
     return base.replace(f"{base.name}+cute_scan", ssd_scan=scan)
+
+
+__all__ = [
+    "BATCHED_LOADS",
+    "CHUNK",
+    "cute_scan_available",
+    "cute_scan_backend",
+    "cute_scan_fits",
+    "kernel_module",
+    "require_cute_scan",
+    "ssd_scan",
+    "warmup",
+]

@@ -112,6 +112,27 @@ def test_repeated_calls_are_deterministic(device):
         assert all(torch.equal(a, b) for a, b in zip(outs[0], later))
 
 
+def test_kept_tickets_serve_every_call_and_are_left_zero(device):
+    """Counters kept between calls (the decode cache's): each call gives what one with new counters gives, and
+    leaves them zero for the next."""
+    from zonos_accel.triton.mamba_step import mamba_step_tail
+
+    b, g = 3, 2
+    args = _inputs(b, 8, 16, 16, g, 4, torch.float32, device, seed=11)
+    tickets = torch.zeros(b, g, dtype=torch.int32, device=device)
+    for step in range(3):
+        kept = {key: v.clone() if torch.is_tensor(v) else v for key, v in args.items()}
+        fresh = {key: v.clone() if torch.is_tensor(v) else v for key, v in args.items()}
+        out = mamba_step_tail(**kept, tickets=tickets)
+        assert torch.equal(out, mamba_step_tail(**fresh)), step
+        assert torch.equal(kept["ssm_state"], fresh["ssm_state"]) and torch.equal(tickets, torch.zeros_like(tickets))
+        args["ssm_state"], args["conv_state"] = kept["ssm_state"], kept["conv_state"]
+    with pytest.raises(ValueError, match="tickets"):
+        mamba_step_tail(**args, tickets=tickets.long())
+    with pytest.raises(ValueError, match="tickets"):
+        mamba_step_tail(**args, tickets=tickets[:, :1])
+
+
 def test_rejects_mismatched_shapes(device):
     from zonos_accel.triton.mamba_step import mamba_step_tail
 

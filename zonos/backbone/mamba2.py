@@ -14,15 +14,25 @@ from zonos.ops.precision import compute_dtype
 
 
 class Mamba2Cache:
-    """Per-layer decode cache: the last ``d_conv`` conv inputs and the SSM state (fixed addresses)."""
+    """Per-layer decode cache: the last ``d_conv`` conv inputs and the SSM state (fixed addresses), and the
+    ``tickets`` a fused decode step counts its programs with (zeros between steps: the kernel that counts leaves
+    them so, which saves it a memset per launch; None allocates them per call)."""
 
-    def __init__(self, conv: torch.Tensor, ssm: torch.Tensor):
+    def __init__(self, conv: torch.Tensor, ssm: torch.Tensor, tickets: torch.Tensor | None = None):
         self.conv = conv  # (b, conv_dim, d_conv)
         self.ssm = ssm  # (b, heads, headdim, d_state)
+        self.tickets = tickets  # (b, groups) int32
+
+    def rows(self, start: int, stop: int) -> Mamba2Cache:
+        """Rows ``start .. stop`` as a cache of their own (views)."""
+        tickets = None if self.tickets is None else self.tickets[start:stop]
+        return Mamba2Cache(self.conv[start:stop], self.ssm[start:stop], tickets)
 
     def zero_(self) -> None:
         self.conv.zero_()
         self.ssm.zero_()
+        if self.tickets is not None:
+            self.tickets.zero_()
 
 
 class Mamba2Mixer(UsesOps, nn.Module):
@@ -97,6 +107,7 @@ class Mamba2Mixer(UsesOps, nn.Module):
         return Mamba2Cache(
             torch.zeros(batch_size, self.conv_dim, self.d_conv, device=device, dtype=dtype),
             torch.zeros(batch_size, self.nheads, self.headdim, self.d_state, device=device, dtype=dtype),
+            torch.zeros(batch_size, self.ngroups, device=device, dtype=torch.int32),
         )
 
     def _split(self, zxbcdt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -149,6 +160,7 @@ class Mamba2Mixer(UsesOps, nn.Module):
             cache.conv, xbc, self.conv1d.weight, self.conv1d.bias, cache.ssm,
             dt,  # softplus(dt + dt_bias) inside the op, as _dt_A computes it for prefill
             self.A.to(compute_dtype(dt.dtype)), self.D, self.dt_bias, z, self.norm.weight, self.norm_eps,
+            tickets=cache.tickets,
         )  # fmt: skip
         return self.ops.linear(y, self.out_proj.weight)[:, None]
 

@@ -16,7 +16,6 @@ import torch
 
 from zonos.backbone import InferenceState
 from zonos.backbone.attention import KVCache
-from zonos.backbone.mamba2 import Mamba2Cache
 from zonos.codebook_pattern import N_CODEBOOKS, UNKNOWN
 from zonos.ops.sampler import RowParams, to_device
 from zonos.sampling import SamplingParams
@@ -27,9 +26,7 @@ MAX_WINDOW = 64  # longest repetition-penalty window a slot holds (upstream's de
 def row_view(state: InferenceState, start: int, stop: int) -> InferenceState:
     """Rows ``start .. stop`` of ``state`` as a state of their own (views: same memory, same addresses)."""
     caches = [
-        KVCache(c.k[start:stop], c.v[start:stop])
-        if isinstance(c, KVCache)
-        else Mamba2Cache(c.conv[start:stop], c.ssm[start:stop])
+        KVCache(c.k[start:stop], c.v[start:stop]) if isinstance(c, KVCache) else c.rows(start, stop)
         for c in state.caches
     ]
     view = InferenceState(caches, stop - start, state.max_seqlen, state.position.device)

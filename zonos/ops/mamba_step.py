@@ -46,12 +46,14 @@ def compose_step_tail(conv: Callable, ssd: Callable, norm: Callable) -> Callable
         z: torch.Tensor,
         norm_weight: torch.Tensor,
         eps: float,
+        tickets: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """One token of a Mamba2 mixer after ``in_proj``: ``xbc`` (b, conv_dim) through the conv step on
         ``conv_state`` (b, conv_dim, k), split into x, B, C; the SSD step on ``ssm_state`` (b, h, p, n) with the raw
         step ``dt`` (b, h) (softplus(dt + dt_bias)), decay rates ``A`` (h,) and skip ``D`` (h,); then RMSNorm(y ·
         SiLU(z)) · ``norm_weight`` over groups of d_inner / g channels. Updates both states in place; returns
-        (b, d_inner) in xbc's dtype, the input of ``out_proj``."""
+        (b, d_inner) in xbc's dtype, the input of ``out_proj``. ``tickets`` (b, g) int32 zeros: scratch a fused
+        kernel may count with and must leave zero (unused here)."""
         b = xbc.shape[0]
         h, p, n, g, d_inner = step_tail_shapes(conv_state, ssm_state)
         xbc = conv(conv_state, xbc, conv_weight, conv_bias)

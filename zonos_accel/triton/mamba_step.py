@@ -8,7 +8,9 @@ its slice of the SSM state, and writes y · SiLU(z) in float32 with its sum of s
 needs every program's sum: each program then takes a ticket (an atomic add on a per-(sequence, group) counter,
 released after its writes), and the program that draws the last one adds the sums in a fixed order (so results do
 not depend on which program finished first), normalizes the group's channels, and shifts the B and C conv state,
-which every other program of the group has read by then.
+which every other program of the group has read by then. It also sets the counter back to zero, so counters that
+live in the decode cache (``Mamba2Cache.tickets``) serve every step without a memset; without them each call
+zeroes new ones.
 
 Rounded as the op-by-op path rounds: the conv output and y to the activation dtype, the state to its own.
 """
@@ -93,6 +95,7 @@ def _step_tail_kernel(
     tl.debug_barrier()  # the whole program's writes precede its ticket (released with it)
     ticket = tl.atomic_add(ticket_ptr + cell, 1, sem="acq_rel")
     if ticket == PROGRAMS - 1:  # the last of its group: every other program's writes are visible
+        tl.store(ticket_ptr + cell, 0)  # every program of the group has counted: ready for the next call
         idx = tl.arange(0, PROGRAMS_P2)
         partials = tl.load(partial_ptr + cell * PROGRAMS + idx, mask=idx < PROGRAMS, other=0.0, cache_modifier=".cg")
         total = tl.sum(partials, axis=0)
@@ -122,12 +125,15 @@ def mamba_step_tail(
     z: torch.Tensor,
     norm_weight: torch.Tensor,
     eps: float,
+    tickets: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Same contract as :func:`zonos.ops.mamba_step.mamba_step_tail` (the composition it is tested against)."""
+    """Same contract as :func:`zonos.ops.mamba_step.mamba_step_tail` (the composition it is tested against);
+    ``tickets`` (b, groups) int32 zeros, contiguous, are counted with and left zero (None: new ones per call)."""
     b, conv_dim, k = conv_state.shape
     h, p, n, groups, d_inner = step_tail_shapes(conv_state, ssm_state)
     check_tensors("mamba_step_tail", conv_state=conv_state, xbc=xbc, conv_weight=conv_weight, conv_bias=conv_bias,
-                  ssm_state=ssm_state, dt=dt, A=A, D=D, dt_bias=dt_bias, z=z, norm_weight=norm_weight)  # fmt: skip
+                  ssm_state=ssm_state, dt=dt, A=A, D=D, dt_bias=dt_bias, z=z, norm_weight=norm_weight,
+                  tickets=tickets)  # fmt: skip
     if xbc.shape != (b, conv_dim) or dt.shape != (b, h) or z.shape != (b, d_inner) or norm_weight.shape != (d_inner,):
         raise ValueError(
             f"mamba_step_tail takes xbc (b, {conv_dim}), dt (b, {h}), z (b, {d_inner}) and norm_weight ({d_inner},); "
@@ -145,7 +151,13 @@ def mamba_step_tail(
     programs = tiles * (h // groups)
     gated = torch.empty(b, d_inner, device=xbc.device, dtype=torch.float32)
     partial = torch.empty(b, groups, programs, device=xbc.device, dtype=torch.float32)
-    tickets = torch.zeros(b, groups, device=xbc.device, dtype=torch.int32)
+    if tickets is None:
+        tickets = torch.zeros(b, groups, device=xbc.device, dtype=torch.int32)
+    elif tickets.shape != (b, groups) or tickets.dtype != torch.int32 or not tickets.is_contiguous():
+        raise ValueError(
+            f"mamba_step_tail's tickets must be contiguous int32 zeros of shape ({b}, {groups}), got "
+            f"{tickets.dtype} {tuple(tickets.shape)}"
+        )
     _step_tail_kernel[(tiles, h, b)](
         conv_state, xbc, conv_weight, conv_bias if conv_bias is not None else conv_weight, ssm_state, dt, A, D,
         dt_bias, z, norm_weight, gated, partial, tickets, out,

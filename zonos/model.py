@@ -619,6 +619,8 @@ class Zonos(UsesOps, nn.Module):
         streams: int = 1,
         progress_bar: bool = True,
         logits_processor: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+        compile_ahead: bool | None = None,
+        compile_threads: int | None = None,
     ) -> float:
         """Pay now, behind a progress bar, what the first request would pay: two short streamed requests on
         random conditioning of ``prefix_length`` tokens compile and autotune the GPU kernels (Triton keeps
@@ -632,6 +634,12 @@ class Zonos(UsesOps, nn.Module):
         bucket of rows. ``logits_processor``: the one requests will pass (the step graphs are keyed by it). The bar
         names each Triton kernel as it is compiled. Returns the seconds it took; the model
         is ready for the next request.
+
+        ``compile_ahead`` (None: on with CUDA graphs and the Triton sampler) first runs the requests once as a dry
+        run that skips every Triton kernel not yet compiled and compiles them all on ``compile_threads`` threads
+        (default: one per core; :mod:`zonos_accel.compile_ahead`), then restarts the engine (same settings, new
+        graphs) and warms up as above with every kernel compiled: on empty kernel caches the compiles overlap
+        instead of running one after the other. Requests running during a warm-up are cancelled by that restart.
         """
         for name, value in (("prefix_length", prefix_length), ("frames", frames), ("streams", streams)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -655,12 +663,10 @@ class Zonos(UsesOps, nn.Module):
         generator = torch.Generator(self.device).manual_seed(0)  # leaves the caller's random streams alone
         prefix = torch.randn(rows, prefix_length, d, device=self.device, generator=generator).to(self.dtype)
         total = 2 * frames * batch_size * sum(counts)
-        with (
-            tqdm(total=total, desc="Warming up kernels and graphs", unit="frame", disable=not progress_bar) as bar,
-            naming_compiles(bar),
-        ):
+
+        def run(rounds: int, update: Callable[[int], object]) -> None:
             for n in counts:
-                for _ in range(2):  # the vocoder captures a push's graph the second time its shape occurs
+                for _ in range(rounds):
                     handles = [
                         self.submit(
                             prefix,
@@ -679,11 +685,52 @@ class Zonos(UsesOps, nn.Module):
                     ]
                     for handle in handles:  # the engine runs them all while the first is read
                         for chunk in handle:
-                            bar.update((chunk.frames[1] - chunk.frames[0]) * batch_size)
+                            update((chunk.frames[1] - chunk.frames[0]) * batch_size)
+
+        if compile_ahead is None:  # the torch sampler would draw from the dry run's unwritten logits
+            fused_sampler = self.backend.op("sample_rows") is not REFERENCE.op("sample_rows")
+            compile_ahead = self._graphs is not None and fused_sampler
+        with (
+            tqdm(total=total, desc="Warming up kernels and graphs", unit="frame", disable=not progress_bar) as bar,
+            naming_compiles(bar),
+        ):
+            if compile_ahead and self.device.type == "cuda":
+                self._compile_ahead(lambda: run(1, lambda frames: None), bar, compile_threads)
+            run(2, bar.update)  # twice: the vocoder captures a push's graph the second time its shape occurs
             if all_prefill_lengths:
                 bar.set_description("Capturing every prefill length")
                 engine.prepare_prefill()
         return time.perf_counter() - start
+
+    def _compile_ahead(self, dry_run: Callable[[], None], bar, threads: int | None) -> None:
+        """The warm-up's first pass (see :meth:`warmup`): ``dry_run`` with the Triton kernels it would compile
+        skipped and compiled on threads, then a new engine (same settings) and graph cache in place of the ones
+        the dry run ran on, whose graphs and states lack the skipped kernels' work."""
+        from zonos_accel.compile_ahead import KernelRecorder
+        from zonos_accel.graphs import GraphCache
+
+        engine = self.engine
+        bar.set_description("Compiling kernels")
+        recorder = KernelRecorder(
+            engine.on_worker_thread, threads, on_kernel=lambda name: bar.set_postfix_str(f"found {name}", refresh=True)
+        )
+        try:
+            with recorder:
+                dry_run()
+        except Exception as err:  # noqa: BLE001 - the dry run's unwritten values broke it: compile one by one instead
+            warnings.warn(
+                f"the warm-up's compile-ahead pass failed ({err!r}); kernels compile at first use", stacklevel=4
+            )
+        finally:
+            compiled, failed = recorder.finish(self.device)
+            self._graphs = GraphCache(self.device)
+            self.start_engine(
+                engine.slots.count, engine.max_seqlen, engine.queue_size, engine.vocoder_streams,
+                engine.vocoder_batching, engine.vocoder_frames,
+            )  # fmt: skip
+        bar.set_description("Warming up kernels and graphs")
+        left = f", {failed} left to their first launch" if failed else ""
+        bar.set_postfix_str(f"{compiled} kernels compiled on {recorder.workers} threads{left}", refresh=True)
 
 
 def _chunks(handle: RequestHandle) -> Iterator[AudioChunk]:

@@ -398,6 +398,10 @@ class Engine:
         self._processors.append(fn)
         return len(self._processors)
 
+    def on_worker_thread(self) -> bool:
+        """Whether the calling thread is this engine's step loop (where its kernels are launched)."""
+        return self._thread is not None and threading.current_thread() is self._thread
+
     def shutdown(self, wait: bool = True) -> None:
         """Cancel every request and stop the worker; later submits raise :class:`EngineClosedError`. With ``wait``,
         the CUDA graphs captured on this engine's state are released too (the graph cache is the model's)."""

@@ -1,0 +1,101 @@
+"""The compile-ahead recorder (zonos_accel/compile_ahead.py) through the hook interface Triton calls it with: what it
+skips, what it hands to the compile threads (once per kernel specialization), what it leaves to other work, and
+what it loads afterwards. The hook's arguments are as Triton's JIT passes them; the kernels are stand-ins (a real
+compile needs a GPU: the warm-up's GPU tests run it)."""
+
+from __future__ import annotations
+
+import threading
+import types
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+from triton import knobs  # noqa: E402
+
+from zonos_accel.compile_ahead import KernelRecorder, default_workers  # noqa: E402
+
+
+class _Kernel:
+    def __init__(self):
+        self.loads = 0
+
+    def _init_handles(self):
+        self.loads += 1
+
+
+class _Jit:
+    """Stands for a JITFunction: ``preload`` returns a compiled kernel (or raises, as a failed compile does)."""
+
+    def __init__(self, fail: bool = False):
+        self.fail = fail
+        self.preloaded: list[str] = []
+        self.kernels: list[_Kernel] = []
+        self.threads: set[str] = set()
+
+    def preload(self, data: str) -> _Kernel:
+        self.threads.add(threading.current_thread().name)
+        if self.fail:
+            raise RuntimeError("compile failed")
+        self.preloaded.append(data)
+        self.kernels.append(_Kernel())
+        return self.kernels[-1]
+
+
+def _launch(name: str, jit: _Jit, key: str, warmup: bool = False):
+    """What Triton's JIT does on a launch that finds no compiled kernel: call the hook (True skips it)."""
+    hook = knobs.runtime.jit_cache_hook
+    info = types.SimpleNamespace(module=None, name=name, jit_function=jit)
+    compile = {"key": key, "specialization_data": f"{name}:{key}"}
+    return hook(key=key, repr=name, fn=info, compile=compile, is_manual_warmup=warmup, already_compiled=False)
+
+
+def test_launches_on_the_recorded_thread_are_skipped_and_compiled_once_each():
+    conv, norm = _Jit(), _Jit()
+    names = []
+    before = knobs.runtime.jit_cache_hook
+    with KernelRecorder(lambda: True, workers=3, on_kernel=names.append) as recorder:
+        assert _launch("conv", conv, "a") is True
+        assert _launch("conv", conv, "a") is True  # the same specialization again: no second compile
+        assert _launch("conv", conv, "b") is True
+        assert _launch("norm", norm, "a") is True
+    assert knobs.runtime.jit_cache_hook is before
+    compiled, failed = recorder.finish(torch.device("cpu"))
+    assert (compiled, failed) == (3, 0) and names == ["conv", "conv", "norm"]
+    assert sorted(conv.preloaded) == ["conv:a", "conv:b"] and norm.preloaded == ["norm:a"]
+    assert all(k.loads == 1 for k in conv.kernels + norm.kernels)  # each loaded after its compile
+    assert conv.threads | norm.threads <= {f"zonos-compile_{i}" for i in range(3)}
+
+
+def test_other_work_and_preloads_compile_as_usual_through_the_previous_hook():
+    seen = []
+
+    def previous(*, fn, **kwargs):
+        seen.append(fn.name)
+        return None
+
+    jit = _Jit()
+    knobs.runtime.jit_cache_hook = previous
+    try:
+        with KernelRecorder(lambda: False, workers=1) as recorder:
+            assert _launch("other", jit, "a") is None  # not the recorded work: compiled and launched as usual
+        with KernelRecorder(lambda: True, workers=1):
+            assert _launch("preload", jit, "a", warmup=True) is None  # a pool thread's preload: compile it
+        assert knobs.runtime.jit_cache_hook is previous
+    finally:
+        knobs.runtime.jit_cache_hook = None
+    assert seen == ["other", "preload"] and jit.preloaded == []
+    assert recorder.finish(torch.device("cpu")) == (0, 0)
+
+
+def test_a_failed_compile_is_left_to_the_first_launch():
+    good, bad = _Jit(), _Jit(fail=True)
+    with KernelRecorder(lambda: True, workers=2) as recorder:
+        _launch("good", good, "a")
+        _launch("bad", bad, "a")
+    assert recorder.finish(torch.device("cpu")) == (1, 1)
+
+
+def test_default_workers_is_the_usable_cores():
+    assert 1 <= default_workers() <= 32

@@ -114,7 +114,6 @@ def run(
         vocoder_batching=batching,
         vocoder_frames=vocoder_frames,
     )
-    engine = model.engine
     d = model.config.backbone.d_model
     g = torch.Generator("cuda").manual_seed(seed)
     distinct = min(n, 2 * slots)  # conditioning tensors, reused round-robin past that
@@ -123,6 +122,7 @@ def run(
     # Every bucket of busy slots, twice (a slab push is captured at the second occurrence of its shape), with this
     # run's logits processor: a push compiled during the run cost a quarter of the worker's time (py-spy, 20-40/s).
     model.warmup(prefix_tokens, frames=40, streams=slots, progress_bar=False, logits_processor=processor)
+    engine = model.engine  # after the warm-up, whose compile-ahead pass may replace the engine
     records: list[dict] = [{} for _ in range(n)]
     worker_clock = time.pthread_getcpuclockid(engine._thread.ident)
     steps0, t0 = engine.steps, time.perf_counter()

@@ -637,9 +637,11 @@ class Zonos(UsesOps, nn.Module):
 
         ``compile_ahead`` (None: on with CUDA graphs and the Triton sampler) first runs the requests once as a dry
         run that skips every Triton kernel not yet compiled and compiles them all on ``compile_threads`` threads
-        (default: one per core; :mod:`zonos_accel.compile_ahead`), then restarts the engine (same settings, new
-        graphs) and warms up as above with every kernel compiled: on empty kernel caches the compiles overlap
-        instead of running one after the other. Requests running during a warm-up are cancelled by that restart.
+        (default: one per core; :mod:`zonos_accel.compile_ahead`), then, if it skipped any, replaces the engine
+        (same settings, new graphs: read ``model.engine`` again after a warm-up) and warms up as above with every
+        kernel compiled: on empty kernel caches the compiles overlap instead of running one after the other (H100,
+        first audio 22.2 s after the model is ready against 43.4 s; ``benchmarks/first_request.py``). Requests
+        running during a warm-up are cancelled by that replacement.
         """
         for name, value in (("prefix_length", prefix_length), ("frames", frames), ("streams", streams)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -714,20 +716,23 @@ class Zonos(UsesOps, nn.Module):
         recorder = KernelRecorder(
             engine.on_worker_thread, threads, on_kernel=lambda name: bar.set_postfix_str(f"found {name}", refresh=True)
         )
+        broke = False
         try:
             with recorder:
                 dry_run()
         except Exception as err:  # noqa: BLE001 - the dry run's unwritten values broke it: compile one by one instead
+            broke = True
             warnings.warn(
                 f"the warm-up's compile-ahead pass failed ({err!r}); kernels compile at first use", stacklevel=4
             )
         finally:
             compiled, failed = recorder.finish(self.device)
-            self._graphs = GraphCache(self.device)
-            self.start_engine(
-                engine.slots.count, engine.max_seqlen, engine.queue_size, engine.vocoder_streams,
-                engine.vocoder_batching, engine.vocoder_frames,
-            )  # fmt: skip
+            if recorder.found or broke:  # else nothing was skipped: what the run captured is sound
+                self._graphs = GraphCache(self.device)
+                self.start_engine(
+                    engine.slots.count, engine.max_seqlen, engine.queue_size, engine.vocoder_streams,
+                    engine.vocoder_batching, engine.vocoder_frames,
+                )  # fmt: skip
         bar.set_description("Warming up kernels and graphs")
         left = f", {failed} left to their first launch" if failed else ""
         bar.set_postfix_str(f"{compiled} kernels compiled on {recorder.workers} threads{left}", refresh=True)

@@ -34,9 +34,8 @@ _INDEX_LIMIT = 2**31  # the kernel indexes elements with int32
 # Load C and B by cp.async and x and S0 in one batch of register loads before any shared-memory store
 # (ChunkScan.batched_loads). H200, benchmarks/ssd_scan.py: 0.018 / 0.033 / 0.143 / 0.591 ms at L = 100 / 256 /
 # 1024 / 4096 (1.54× / 1.12× / 0.67× / 0.52× mamba_ssm) against the per-vector loads' 0.019 / 0.035 / 0.160 /
-# 0.699; both pass the scan's GPU tests at Zonos shapes, the per-vector loads also the ragged-shape ones, so they
-# stay the default until those have run with batched loads too.
-BATCHED_LOADS = False
+# 0.699; both pass the scan's GPU tests, at Zonos shapes and ragged ones (H100). docs/BENCHMARKS.md, decisions.
+BATCHED_LOADS = True
 
 _compiled: dict[tuple, object] = {}
 

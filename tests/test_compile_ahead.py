@@ -16,6 +16,8 @@ from triton import knobs  # noqa: E402
 
 from zonos_accel.compile_ahead import KernelRecorder, default_workers  # noqa: E402
 
+CPU = torch.device("cpu")  # the stand-in kernels need no device context
+
 
 class _Kernel:
     def __init__(self):
@@ -55,13 +57,13 @@ def test_launches_on_the_recorded_thread_are_skipped_and_compiled_once_each():
     conv, norm = _Jit(), _Jit()
     names = []
     before = knobs.runtime.jit_cache_hook
-    with KernelRecorder(lambda: True, workers=3, on_kernel=names.append) as recorder:
+    with KernelRecorder(lambda: True, CPU, workers=3, on_kernel=names.append) as recorder:
         assert _launch("conv", conv, "a") is True
         assert _launch("conv", conv, "a") is True  # the same specialization again: no second compile
         assert _launch("conv", conv, "b") is True
         assert _launch("norm", norm, "a") is True
     assert knobs.runtime.jit_cache_hook is before
-    compiled, failed = recorder.finish(torch.device("cpu"))
+    compiled, failed = recorder.finish()
     assert (compiled, failed) == (3, 0) and names == ["conv", "conv", "norm"]
     assert sorted(conv.preloaded) == ["conv:a", "conv:b"] and norm.preloaded == ["norm:a"]
     assert all(k.loads == 1 for k in conv.kernels + norm.kernels)  # each loaded after its compile
@@ -78,23 +80,23 @@ def test_other_work_and_preloads_compile_as_usual_through_the_previous_hook():
     jit = _Jit()
     knobs.runtime.jit_cache_hook = previous
     try:
-        with KernelRecorder(lambda: False, workers=1) as recorder:
+        with KernelRecorder(lambda: False, CPU, workers=1) as recorder:
             assert _launch("other", jit, "a") is None  # not the recorded work: compiled and launched as usual
-        with KernelRecorder(lambda: True, workers=1):
+        with KernelRecorder(lambda: True, CPU, workers=1):
             assert _launch("preload", jit, "a", warmup=True) is None  # a pool thread's preload: compile it
         assert knobs.runtime.jit_cache_hook is previous
     finally:
         knobs.runtime.jit_cache_hook = None
     assert seen == ["other", "preload"] and jit.preloaded == []
-    assert recorder.finish(torch.device("cpu")) == (0, 0)
+    assert recorder.finish() == (0, 0)
 
 
 def test_a_failed_compile_is_left_to_the_first_launch():
     good, bad = _Jit(), _Jit(fail=True)
-    with KernelRecorder(lambda: True, workers=2) as recorder:
+    with KernelRecorder(lambda: True, CPU, workers=2) as recorder:
         _launch("good", good, "a")
         _launch("bad", bad, "a")
-    assert recorder.finish(torch.device("cpu")) == (1, 1)
+    assert recorder.finish() == (1, 1)
 
 
 def test_default_workers_is_the_usable_cores():

@@ -714,7 +714,10 @@ class Zonos(UsesOps, nn.Module):
         engine = self.engine
         bar.set_description("Compiling kernels")
         recorder = KernelRecorder(
-            engine.on_worker_thread, threads, on_kernel=lambda name: bar.set_postfix_str(f"found {name}", refresh=True)
+            engine.on_worker_thread,
+            self.device,
+            threads,
+            on_kernel=lambda name: bar.set_postfix_str(f"found {name}", refresh=True),
         )
         broke = False
         try:
@@ -726,7 +729,7 @@ class Zonos(UsesOps, nn.Module):
                 f"the warm-up's compile-ahead pass failed ({err!r}); kernels compile at first use", stacklevel=4
             )
         finally:
-            compiled, failed = recorder.finish(self.device)
+            compiled, failed = recorder.finish()
             if recorder.found or broke:  # else nothing was skipped: what the run captured is sound
                 self._graphs = GraphCache(self.device)
                 self.start_engine(

@@ -40,8 +40,9 @@ class KernelRecorder:
     show it on a progress bar). Kernels that fail to compile here are left to compile at their first real launch
     (and fail there, with the compiler's error)."""
 
-    def __init__(self, recording: Callable[[], bool], workers: int | None = None, on_kernel=None):
+    def __init__(self, recording: Callable[[], bool], device, workers: int | None = None, on_kernel=None):
         self.recording = recording
+        self.device = device  # the torch.device the work runs on: kernels compile for it and load onto it
         self.workers = workers or default_workers()
         self.on_kernel = on_kernel
         self.found: dict[tuple, str] = {}  # (kernel, specialization key) -> kernel name
@@ -79,16 +80,19 @@ class KernelRecorder:
                     self.on_kernel(fn.name)
         return True  # skip the compile and the launch
 
-    @staticmethod
-    def _compile(jit_function, specialization_data: str):
-        kernel = jit_function.preload(specialization_data)
-        return kernel.result() if hasattr(kernel, "result") else kernel  # a FutureKernel under AsyncCompileMode
-
-    def finish(self, device) -> tuple[int, int]:
-        """Wait for every compile, then load the kernels onto ``device`` (a torch.device) on the pool; shuts the
-        pool down. Returns (kernels compiled, kernels that failed and will compile at their first launch)."""
+    def _on_device(self):
         import torch
 
+        return torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext()
+
+    def _compile(self, jit_function, specialization_data: str):
+        with self._on_device():  # preload compiles for, and caches under, the thread's current device
+            kernel = jit_function.preload(specialization_data)
+        return kernel.result() if hasattr(kernel, "result") else kernel  # a FutureKernel under AsyncCompileMode
+
+    def finish(self) -> tuple[int, int]:
+        """Wait for every compile, then load the kernels onto the device on the pool; shuts the pool down. Returns
+        (kernels compiled, kernels that failed and will compile at their first launch)."""
         if self._pool is None:
             return 0, 0
         done, _ = wait(self._futures)
@@ -99,7 +103,7 @@ class KernelRecorder:
             init = getattr(kernel, "_init_handles", None)  # module load and launcher build: else at first launch
             if init is None:
                 return
-            with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
+            with self._on_device():
                 try:
                     init()
                 except Exception:  # noqa: BLE001 - e.g. out of shared memory: the first launch raises it again

@@ -101,3 +101,51 @@ def test_a_failed_compile_is_left_to_the_first_launch():
 
 def test_default_workers_is_the_usable_cores():
     assert 1 <= default_workers() <= 32
+
+
+# ---- the warm-up's pass (Zonos._compile_ahead) on a tiny CPU model: a kernel "launched" from the engine's thread
+
+
+@pytest.fixture
+def tiny(tmp_path):
+    from tests.tiny import tiny_model
+
+    model = tiny_model(tmp_path)
+    model.start_engine(slots=3, queue_size=5, vocoder_frames=2)
+    return model
+
+
+def _dry_run(model, launches: list[str]):
+    """A streamed request whose logits processor, on the engine's thread, makes the launches Triton would make."""
+    jit = _Jit()
+
+    def processor(logits, step):
+        for key in launches:
+            _launch("k", jit, key)
+        return logits
+
+    prefix = torch.randn(2, 12, model.config.backbone.d_model)
+    stream = model.generate(prefix, max_new_tokens=4, stream=True, logits_processor=processor, progress_bar=False)
+    return jit, lambda: list(stream)
+
+
+def test_the_pass_replaces_the_engine_when_it_skipped_a_kernel(tiny):
+    from tqdm import tqdm
+
+    old = tiny.engine
+    jit, run = _dry_run(tiny, ["a", "a", "b"])
+    tiny._compile_ahead(run, tqdm(disable=True), 2)
+    new = tiny.engine
+    assert new is not old and sorted(jit.preloaded) == ["k:a", "k:b"]
+    assert (new.slots.count, new.max_seqlen, new.queue_size, new.vocoder_frames) == (3, old.max_seqlen, 5, 2)
+    jit, run = _dry_run(tiny, [])
+    run()  # the new engine serves requests
+
+
+def test_the_pass_keeps_the_engine_when_nothing_was_skipped(tiny):
+    from tqdm import tqdm
+
+    old = tiny.engine
+    jit, run = _dry_run(tiny, [])
+    tiny._compile_ahead(run, tqdm(disable=True), 2)
+    assert tiny.engine is old and jit.preloaded == []

@@ -701,7 +701,7 @@ class Zonos(UsesOps, nn.Module):
             run(2, bar.update)  # twice: the vocoder captures a push's graph the second time its shape occurs
             if all_prefill_lengths:
                 bar.set_description("Capturing every prefill length")
-                engine.prepare_prefill()
+                self.engine.prepare_prefill()  # the compile-ahead pass may have replaced the engine
         return time.perf_counter() - start
 
     def _compile_ahead(self, dry_run: Callable[[], None], bar, threads: int | None) -> None:
@@ -731,7 +731,7 @@ class Zonos(UsesOps, nn.Module):
         finally:
             compiled, failed = recorder.finish()
             if recorder.found or broke:  # else nothing was skipped: what the run captured is sound
-                self._graphs = GraphCache(self.device)
+                self._graphs = GraphCache(self.device) if self._graphs is not None else None
                 self.start_engine(
                     engine.slots.count, engine.max_seqlen, engine.queue_size, engine.vocoder_streams,
                     engine.vocoder_batching, engine.vocoder_frames,

@@ -139,6 +139,7 @@ def child(args: argparse.Namespace) -> None:
         requests[-1]["captures"] = None if graphs is None else graphs.captures
     result = {"stamps": stamps, "requests": requests, "env": environment(torch, args.device)}
     result["compiles"] = {} if compiles is None else compiles.by_kernel
+    result["constexprs"] = {} if compiles is None else compiles.constexprs
     print(RESULT_TAG + json.dumps(result), flush=True)
 
 
@@ -151,11 +152,16 @@ class CompileLog:
         from triton import knobs
 
         self.by_kernel: dict[str, list] = {}  # name -> [compiles, seconds]
+        # name -> the constexpr values of each compile: which ones vary tells what multiplies the specializations
+        self.constexprs: dict[str, list[dict[str, str]]] = {}
         self._started: dict[int, float] = {}
         self._thread = threading.get_ident
 
-        def started(*, fn, **kwargs):
+        def started(*, fn, compile, **kwargs):
             self._started[self._thread()] = time.perf_counter()
+            names = fn.jit_function.arg_names
+            values = {names[path[0]]: repr(v) for path, v in compile["constants"].items()}
+            self.constexprs.setdefault(fn.name, []).append(values)
             return None  # compile as usual
 
         def finished(*, fn, **kwargs):
@@ -339,6 +345,20 @@ def compile_rows(case: str, compiles: dict[str, list], top: int = 12) -> list[di
     return out
 
 
+def varying_constexprs(case: str, constexprs: dict[str, list[dict[str, str]]], top: int = 4) -> list[dict]:
+    """For the ``top`` kernels by compiles: how many distinct constexpr sets their compiles had (the rest of the
+    compiles differ only in the integer and alignment specializations of their runtime arguments), and which
+    constexprs took more than one value."""
+    out = []
+    for name, sets in sorted(constexprs.items(), key=lambda kv: -len(kv[1]))[:top]:
+        distinct = {tuple(sorted(c.items())) for c in sets}
+        keys = sorted({k for c in sets for k in c})
+        varying = [f"{k} ({len({c.get(k) for c in sets})})" for k in keys if len({c.get(k) for c in sets}) > 1]
+        out.append({"case": case, "kernel": name, "compiles": len(sets), "constexpr sets": len(distinct),
+                    "constexprs that vary (values)": ", ".join(varying) or "none"})  # fmt: skip
+    return out
+
+
 def markdown(rows: list[dict], title: str) -> str:
     keys = list(rows[0])
     out = [f"\n### {title}\n", "| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
@@ -353,7 +373,7 @@ def parent(args: argparse.Namespace) -> int:
         raise SystemExit(f"unknown cases {unknown}; choose from {list(CASES)}")
     keep = args.cache_root is not None
     root = Path(args.cache_root) if keep else Path(tempfile.mkdtemp(prefix="zonos-first-request-"))
-    rows, env, first_audio, compiles = [], None, {}, []
+    rows, env, first_audio, compiles, varying = [], None, {}, [], []
     if args.write_checkpoint:
         args.checkpoint = str(root / "checkpoint")
         writer = [sys.executable, str(Path(__file__).resolve()), "--write-checkpoint-to", args.checkpoint]
@@ -374,6 +394,8 @@ def parent(args: argparse.Namespace) -> int:
             rows.append(row(case, result))
             if result["compiles"]:
                 compiles += compile_rows(case, result["compiles"])
+            if result["constexprs"] and case == "cold":
+                varying += varying_constexprs(case, result["constexprs"])
             r1 = result["requests"][0]
             if "audio" in r1:
                 first_audio[case] = (r1["audio"] - r1["call"]) * 1e3
@@ -403,6 +425,8 @@ def parent(args: argparse.Namespace) -> int:
     )
     if compiles:
         print(markdown(compiles, "Triton compiles (or disk-cache loads) by kernel, longest first"))
+    if varying:
+        print(markdown(varying, "What the most compiled kernels' specializations differ in (cold)"))
     for case in () if args.tiny else ("warm",):
         if case in first_audio:
             verdict = "met" if first_audio[case] <= TARGET_MS else "missed"

@@ -49,6 +49,7 @@ except ImportError:  # pragma: no cover - exercised only without the demo extra
     gr = Request = None
 
 from zonos.audio import MAX_PREFIX_SECONDS
+from zonos.cli.common import cute_scan_flag
 from zonos.conditioning import make_cond_dict, normalize_language, supported_language_codes
 from zonos.conditioning.phonemes import MAX_TEXT_CHARS
 from zonos.conditioning.segments import DEFAULT_MAX_CHARS, split_text
@@ -1409,7 +1410,7 @@ def _on_by_default(flag: str) -> bool:
 def _accelerator_flags(args: argparse.Namespace) -> dict[str, bool | None]:
     return {
         "use_cute_gemv": args.cute_gemv,
-        "use_cute_scan": True if args.cute_scan else False if args.no_cute_scan else None,
+        "use_cute_scan": cute_scan_flag(args),
         "cuda_graphs": False if args.no_cuda_graphs else None,
         "fast_ops": False if args.no_fast_ops else None,
     }

@@ -176,7 +176,7 @@ class Zonos(UsesOps, nn.Module):
         kernels, and its EOS bookkeeping as one more instead of 30 (one of the fast ops, so None follows them: on an
         H200 the step takes 1.913 ms against 2.071 without it). ``fused_mamba_step``: each Mamba2 layer's decode step
         between its projections (conv step, state update, gated RMSNorm) as one Triton kernel instead of three
-        (one of the fast ops; off by default until it is timed).
+        (one of the fast ops; off by default: 2.261 against 2.197 ms per step on an H100).
         Takes effect at the next decode step (it waits for the running one); captured graphs are keyed by the
         backend, so the next step captures the new backend's. Other models in the process are unaffected.
 

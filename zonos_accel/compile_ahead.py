@@ -66,11 +66,9 @@ class KernelRecorder:
 
     def _hook(self, *, key, fn, compile, is_manual_warmup, **kwargs):
         if is_manual_warmup or not self.recording():  # preload's own compile (a pool thread), or other work
-            return (
-                self._previous(key=key, fn=fn, compile=compile, is_manual_warmup=is_manual_warmup, **kwargs)
-                if (self._previous is not None)
-                else None
-            )
+            if self._previous is None:
+                return None
+            return self._previous(key=key, fn=fn, compile=compile, is_manual_warmup=is_manual_warmup, **kwargs)
         ident = (id(fn.jit_function), str(key))
         with self._lock:
             if ident not in self.found:

@@ -60,8 +60,8 @@ OPS = tuple(_SOURCES)
 # What triton_backend runs by default: all but the fused sampling and step bookkeeping, which
 # ``Zonos.use_accelerators`` adds unless ``fused_sampling=False`` (a backend built here compares without them).
 FUSED_SAMPLING_OPS = ("sample_rows", "finish_rows")
-# The Mamba2 decode step between its projections as one kernel (``use_accelerators(fused_mamba_step=True)``): opt-in
-# until it is timed against the three kernels it replaces (docs/BENCHMARKS.md, decisions: fused_mamba_step).
+# The Mamba2 decode step between its projections as one kernel (``use_accelerators(fused_mamba_step=True)``): opt-in,
+# slower than the three kernels it replaces (docs/BENCHMARKS.md, decisions: fused_mamba_step).
 FUSED_MAMBA_OPS = ("mamba_step_tail",)
 DEFAULT_OPS = tuple(op for op in OPS if op not in FUSED_SAMPLING_OPS + FUSED_MAMBA_OPS)
 

@@ -756,18 +756,17 @@ def test_stream_equals_one_shot_in_the_interpreter(target, monkeypatch):
 
     import triton.language as tl
 
-    import zonos.ops
     from tests.tiny import TINY_DAC, random_dac_weights
     from zonos.codec import DACAutoencoder, DACConfig, StreamingDACDecoder
+    from zonos.ops.backend import REFERENCE, use_backend
     from zonos_accel.triton.snake import snake as fast_snake
 
     # The interpreter has no libdevice: the final conv's tanh as 2 sigmoid(2 x) - 1.
     monkeypatch.setattr(fast, "libdevice", types.SimpleNamespace(tanh=lambda x: 2 * tl.sigmoid(2 * x) - 1))
-    for name in ("conv1d", "conv_transpose1d", "sequence_tail"):
-        monkeypatch.setattr(zonos.ops, name, getattr(fast, name))
-    monkeypatch.setattr(zonos.ops, "snake", fast_snake)
     config = DACConfig(**TINY_DAC)
     codec = DACAutoencoder(config, random_dac_weights(config))
+    kernels = {name: getattr(fast, name) for name in ("conv1d", "conv_transpose1d", "sequence_tail")}
+    use_backend(codec.dac, REFERENCE.replace("interpreted kernels", snake=fast_snake, **kernels))
     codes = torch.randint(0, 1024, (1, 9, 12), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         one_shot = codec.dac.decode(codes)

@@ -118,6 +118,9 @@ CHANNELS_LAST_TILE = (32, 512, 2)
 # channels, 2-8 warps) none was more than 7% faster; both launches take what copying their bytes takes.
 WINDOW_TILE = (1024, 2048, 4)
 UNFOLD_WINDOW_TILE = (256, 256, 4)
+# A window launch's narrowest block of new samples: pushes of up to this many new samples share one specialization
+# (the ramp-up's small pushes compiled one each: 43 compiles of the window kernel, 21.8 s, on a cold H100 host).
+NARROWEST_WINDOW_BLOCK = 64
 
 
 @triton.jit
@@ -427,7 +430,15 @@ def _scatter_taps(cols, s_cr, c64, p, ok, v, first, step, n_cols, K: tl.constexp
         tl.store(cols + (c64 * KP + k) * s_cr + t, val, mask=ok & (t >= 0) & (t < n_cols))
 
 
-@triton.jit
+# Lengths, offsets and the strides that follow them change with every push size: not specialized (Triton would
+# compile once per pattern of which of them are 1 or multiples of 16). None of them can make an access provably
+# aligned anyway (every access starts at a runtime offset such as H + n - length); the sample strides stay
+# specialized (1: contiguous runs), as do the channels-last copy's and the unfolded rows' strides (multiples of 16).
+_TAIL_UNSPECIALIZED = ("H", "n", "length", "H_r", "length_r", "n_cols", "first", "step", "s_hb", "s_hc", "s_xb", "s_xc",
+                       "s_ob", "s_oc", "s_rhb", "s_rhc", "s_rob", "s_roc")  # fmt: skip
+
+
+@triton.jit(do_not_specialize=_TAIL_UNSPECIALIZED)
 def _tail_kernel(
     h_ptr, x_ptr, alpha_ptr, out_ptr, rh_ptr, rout_ptr, cols_ptr, valid_ptr, C, H, n, length, H_r, length_r, s_a,
     n_cols, first, step, s_hb, s_hc, s_ht, s_xb, s_xc, s_xt, s_ob, s_oc, s_ot, s_rhb, s_rhc, s_rht, s_rob, s_roc,
@@ -1018,13 +1029,13 @@ def sequence_tail(
     # Programs of a few thousand stores each (the taps' copies of a sample count too), square where the copy is
     # channels-last (its runs go along the channels, the window's along the samples).
     widest, stores, warps = CHANNELS_LAST_TILE if channels_last else WINDOW_TILE if cols is out else UNFOLD_WINDOW_TILE
-    block_x = max(block_h, min(widest, triton.next_power_of_2(length - n_h)))  # >= n_h, n_hr
+    block_x = max(block_h, min(widest, max(NARROWEST_WINDOW_BLOCK, triton.next_power_of_2(length - n_h))))  # >= n_h
     block_c = max(1, min(triton.next_power_of_2(channels), stores // block_x))
     grid = (triton.cdiv(channels, block_c), max(1, triton.cdiv(length - n_h, block_x)), batch)
     _tail_kernel[grid](
         history, x, a, out, raw_history, raw_out, cols, x if valid is None else valid, channels, H, n, length, H_r,
         raw_length, s_a, n_cols, first, step, *history.stride(), *x.stride(), *out.stride(), *raw_history.stride(),
-        *raw_out.stride(), cols.stride(0), cols.stride(1), 0 if valid is None else valid.stride(0),
+        *raw_out.stride(), *(cols.stride()[:2] if cols is not out else (0, 0)), 0 if valid is None else valid.stride(0),
         BLOCK_C=block_c, BLOCK_H=block_h, BLOCK_X=block_x, SNAKE=alpha is not None, RAW=raw is not None,
         K=k, KP=kp, UNFOLD=layout is not None, CHANNELS_LAST=channels_last, VALID=valid is not None, num_warps=warps,
         enable_fp_fusion=False,  # Snake rounded as torch rounds it

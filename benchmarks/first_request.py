@@ -275,15 +275,32 @@ def write_checkpoint(directory: str) -> None:
     save_file({k: v.cpu() for k, v in model.state_dict().items()}, str(out / "model.safetensors"))
 
 
+def child_env(root: Path) -> dict[str, str]:
+    """The environment of every child: this one's, with a bytecode cache in the cache root shared by all cases
+    (``PYTHONDONTWRITEBYTECODE`` dropped). An installed package has its bytecode compiled; a machine that writes
+    none (the device image sets PYTHONDONTWRITEBYTECODE=1 over a site-packages without bytecode) compiles the
+    sources of torch and its lazily imported parts in every process: torch's import took 3.3-5.2 s there, and
+    torch._dynamo with sympy, imported at a model's first meta-device op, ~4 s more."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env["PYTHONPYCACHEPREFIX"] = str(root / "pycache")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+def prime_bytecode(root: Path) -> None:
+    """Import what a child imports and run an op on the meta device, so the bytecode cache holds all of it."""
+    code = "import torch, zonos.model, zonos_accel.triton; torch.empty(1, device='meta') * 2"
+    subprocess.run([sys.executable, "-c", code], env=child_env(root), check=True, timeout=600)
+
+
 def run_child(args: argparse.Namespace, case: str, cache: Path) -> dict:
     _, _, extra = CASES[case]
-    env = dict(os.environ)
+    env = child_env(cache.parent)
     env.update(extra)
     env.update(
         TRITON_CACHE_DIR=str(cache / "triton"),
         TORCHINDUCTOR_CACHE_DIR=str(cache / "inductor"),
         CUTE_DSL_CACHE_DIR=str(cache / "cute"),
-        PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p),
     )
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child"]
     cmd += ["--device", args.device, "--frames", str(args.frames), "--prefix", str(args.prefix)]
@@ -383,7 +400,8 @@ def parent(args: argparse.Namespace) -> int:
     if args.write_checkpoint:
         args.checkpoint = str(root / "checkpoint")
         writer = [sys.executable, str(Path(__file__).resolve()), "--write-checkpoint-to", args.checkpoint]
-        subprocess.run(writer, check=True, timeout=args.child_timeout)
+        subprocess.run(writer, check=True, timeout=args.child_timeout, env=child_env(root))
+    prime_bytecode(root)
     try:
         for case in cases:
             group, fresh, _ = CASES[case]

@@ -61,35 +61,3 @@ def test_compile_ahead_compiles_every_kernel_on_threads_and_changes_no_codes(tmp
     assert ahead > 10 and at_launch == 0, (ahead, at_launch)
     assert total == ahead  # the plain model's warm-up found every kernel compiled in memory
     assert same_as_plain and same_again
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_from_local_compiles_the_scan_while_it_reads_the_checkpoint(tmp_path):
-    """A model whose mixers fit the CuTeDSL scan (head dim 64, state 128) starts its three kernels compiling in
-    from_local; the engine waits for them, and the first request's prefill then compiles none."""
-    pytest.importorskip("cutlass")
-    from safetensors.torch import save_file
-
-    from tests.tiny import random_state_dict, tiny_codec, tiny_config
-    from zonos.config import ZonosConfig
-    from zonos.model import Zonos
-    from zonos_accel import ssd
-
-    cfg = tiny_config("hybrid")
-    cfg["backbone"]["ssm_cfg"].update(headdim=64, d_state=128, chunk_size=256)
-    state = random_state_dict(Zonos(ZonosConfig.from_dict(cfg)))
-    (tmp_path / "config.json").write_text(json.dumps(cfg))
-    save_file({k: v.bfloat16().contiguous() for k, v in state.items()}, str(tmp_path / "model.safetensors"))
-    model = Zonos.from_local(
-        tmp_path / "config.json", tmp_path / "model.safetensors", device="cuda", autoencoder=tiny_codec("cuda")
-    )
-    assert model._scan_compile is not None
-    model.start_engine(slots=2)
-    assert model._scan_compile is None
-    index = torch.cuda.current_device()
-    keys = [(init, 64, 128, ssd.BATCHED_LOADS, index) for init in (None, torch.bfloat16, torch.float32)]
-    assert all(k in ssd._compiled for k in keys)
-    compiled = dict(ssd._compiled)
-    prefix = torch.randn(2, 30, 64, device="cuda").bfloat16()
-    model.generate(prefix, max_new_tokens=8, progress_bar=False)
-    assert ssd._compiled == compiled

@@ -84,7 +84,6 @@ class Zonos(UsesOps, nn.Module):
         self.backend: Backend = REFERENCE
         self._graphs = None  # a zonos_accel.graphs.GraphCache when CUDA graphs are on
         self._engine: Engine | None = None
-        self._scan_compile = None  # a Future while zonos_accel.ssd.compile_ahead runs (from_local starts it)
         self.spk_clone_model = None  # the speaker embedding model, loaded on first use (upstream's name)
 
     # ----------------------------------------------------------------------------------------- loading
@@ -147,14 +146,6 @@ class Zonos(UsesOps, nn.Module):
         config = ZonosConfig.from_json(config_path)
         with torch.device("meta"):
             model = cls(config, autoencoder=autoencoder, max_seqlen=max_seqlen)
-        # The CuTeDSL scan's kernels compile on a thread while the checkpoint is read (their tracing costs ~3 s in
-        # every process: docs/BENCHMARKS.md, first request).
-        if device.type == "cuda" and fast_ops is not False and use_cute_scan is not False and config.backbone.is_hybrid:
-            from zonos_accel.ssd import compile_ahead, cute_scan_fits
-
-            mamba = config.backbone.mamba2()
-            if cute_scan_fits(mamba["headdim"], mamba["d_state"]):
-                model._scan_compile = compile_ahead(mamba["headdim"], mamba["d_state"], device)
         # Straight onto the device, where the finiteness check over 1.65 G elements takes milliseconds (seconds on
         # the CPU). A truncated or corrupt file: a CheckpointError naming it.
         state = load_safetensors(model_path, device=device)
@@ -288,9 +279,6 @@ class Zonos(UsesOps, nn.Module):
         (see :class:`~zonos.engine.Engine`)."""
         # before the old one stops
         Engine.check_args(slots, max_seqlen, queue_size, vocoder_streams, vocoder_batching, vocoder_frames)
-        if self._scan_compile is not None:  # no graph may be captured while it loads modules (its own failure, if
-            self._scan_compile.exception()  # any, is raised by the first scan that needs the kernel)
-            self._scan_compile = None
         old, self._engine = self._engine, None
         if old is not None:
             old.shutdown()

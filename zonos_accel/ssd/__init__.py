@@ -17,16 +17,12 @@ Errors against float64: y 2.3e-3 (bf16 rounding of y and of the decayed C·Bᵀ)
 
 A kernel is compiled once per (initial state: none, bf16 or fp32; p, n, device) on its first call, for any
 length (the chunk's length is a runtime value): seconds, so call :func:`warmup` (or the scan once) before
-CUDA-graph capture. :func:`compile_ahead` compiles all three on a thread of their own, so that a model's
-checkpoint read hides them (``Zonos.from_local`` starts it). Each launch costs ~30 µs on the host, so the scan
-pays inside a captured prefill.
+CUDA-graph capture. Each launch costs ~30 µs on the host, so the scan pays inside a captured prefill.
 """
 
 from __future__ import annotations
 
 import importlib
-import threading
-from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
@@ -42,7 +38,6 @@ _INDEX_LIMIT = 2**31  # the kernel indexes elements with int32
 BATCHED_LOADS = True
 
 _compiled: dict[tuple, object] = {}  # (initial state dtype, p, n, BATCHED_LOADS, device index) -> compiled kernel
-_compiling = threading.Lock()  # one compile at a time: a scan waits for compile_ahead's kernel, not tracing it too
 
 
 def kernel_module():
@@ -175,44 +170,13 @@ def _chunk_args(x, dt, A, B, C, D, s0, y, final, c0: int, length: int, heads_per
 
 def _compile(key: tuple, args: tuple):
     """The kernel of ``key`` (:func:`_key`), compiled for ``args`` unless it already is."""
-    with _compiling:
-        fn = _compiled.get(key)
-        if fn is None:
-            init, p, n, batched, _ = key
-            kernel = kernel_module()
-            scan = kernel.ChunkScan(p, n, init is not None, init == torch.float32, batched)
-            fn = _compiled[key] = kernel.compile_scan(scan, args)
+    fn = _compiled.get(key)
+    if fn is None:
+        init, p, n, batched, _ = key
+        kernel = kernel_module()
+        scan = kernel.ChunkScan(p, n, init is not None, init == torch.float32, batched)
+        fn = _compiled[key] = kernel.compile_scan(scan, args)
     return fn
-
-
-def compile_ahead(p: int = 64, n: int = 128, device: torch.device | None = None) -> Future:
-    """Start compiling the three kernels a prefill may use (no, bf16 and fp32 initial state) on a thread of their
-    own, without launching them; a scan that needs one meanwhile waits for it. Returns the thread's Future: its
-    result is None, or the error that kept it from compiling (no nvidia-cutlass-dsl, no GPU), which the first
-    scan then raises. Nothing may capture a CUDA graph before it is done: loading a compiled module breaks a
-    capture running on another thread (``Zonos.start_engine`` waits for it)."""
-    device = torch.device(device or "cuda")
-    if device.index is None:  # the key names the index, as a scan's tensors do
-        device = torch.device(device.type, torch.cuda.current_device())
-    pool = ThreadPoolExecutor(1, thread_name_prefix="zonos-scan-compile")
-    try:
-        return pool.submit(_compile_all, p, n, device)
-    finally:
-        pool.shutdown(wait=False)
-
-
-def _compile_all(p: int, n: int, device: torch.device) -> None:
-    require_cute_scan()
-    with torch.cuda.device(device):
-        x = torch.zeros(1, 16, 1, p, device=device, dtype=torch.bfloat16)
-        dt, A = torch.zeros(1, 16, 1, device=device), torch.zeros(1, device=device)
-        Bm = torch.zeros(1, 16, 1, n, device=device, dtype=torch.bfloat16)
-        final = torch.zeros(1, 1, p, n, device=device)
-        for init in (None, torch.bfloat16, torch.float32):
-            s0 = None if init is None else torch.zeros(1, 1, p, n, device=device, dtype=init)
-            key = _key(s0, p, n, device)
-            if key not in _compiled:
-                _compile(key, _chunk_args(x, dt, A, Bm, Bm, A, final if s0 is None else s0, x, final, 0, 16, 1, 0))
 
 
 def warmup(p: int = 64, n: int = 128, device: torch.device | None = None) -> None:
@@ -263,7 +227,6 @@ __all__ = [
     "CHUNK",
     "cute_scan_available",
     "cute_scan_backend",
-    "compile_ahead",
     "cute_scan_fits",
     "kernel_module",
     "require_cute_scan",

@@ -8,7 +8,7 @@ is CLOCK_MONOTONIC on Linux, so the parent's spawn time and the child's stamps s
    ``--cute-gemv`` also the CuTeDSL kernel module);
 2. builds the model: real-size Zonos-v0.1-hybrid with random bf16 weights (``benchmarks/common.py:
    random_model``; with ``--checkpoint DIR`` or ``--write-checkpoint`` read from a real-size checkpoint file by
-   ``Zonos.from_local`` instead, with its default accelerators and the scan compile it overlaps with the read), a
+   ``Zonos.from_local`` instead, with its default accelerators), a
    random real-size DAC 44.1 kHz codec, then for random weights ``model.use_accelerators()`` as ``from_local``
    does (Triton fast ops, the CuTeDSL scan and CUDA graphs on), synchronized: "model ready";
 3. runs two streamed requests (``generate(..., stream=True)``, batch 1 with CFG, a random (2, 120, 2048)

@@ -37,7 +37,7 @@ _INDEX_LIMIT = 2**31  # the kernel indexes elements with int32
 # 0.699; both pass the scan's GPU tests, at Zonos shapes and ragged ones (H100). docs/BENCHMARKS.md, decisions.
 BATCHED_LOADS = True
 
-_compiled: dict[tuple, object] = {}  # (initial state dtype, p, n, BATCHED_LOADS, device index) -> compiled kernel
+_compiled: dict[tuple, object] = {}
 
 
 def kernel_module():
@@ -120,7 +120,7 @@ def ssd_scan(
     if not x.is_cuda:
         hint = "" if torch.cuda.is_available() else " and torch sees none (use the reference, zonos.ops.ssd_scan)"
         raise RuntimeError(f"the CuTeDSL SSD scan (use_cute_scan) needs CUDA tensors, got x on {x.device}{hint}")
-    kernel_module()  # ImportError naming the package, before any allocation
+    kernel = kernel_module()
     b, l, h, p = x.shape
     g, n = B.shape[2], B.shape[3]
     final = torch.empty(b, h, p, n, device=x.device, dtype=torch.float32)
@@ -140,9 +140,14 @@ def ssd_scan(
     with torch.cuda.device(x.device):
         stream = torch.cuda.current_stream().cuda_stream
         for c0 in range(0, l, CHUNK):
+            length = min(CHUNK, l - c0)
             s0 = state if state is not None else final  # unread without an initial state
-            args = _chunk_args(x, dt, A, B, C, D, s0, y, final, c0, min(CHUNK, l - c0), h // g, stream)
-            key = _key(state, p, n, x.device)
+            strides = (x.stride(0), x.stride(1), dt.stride(0), dt.stride(1), B.stride(0), B.stride(1))
+            strides += (C.stride(0), C.stride(1), y.stride(0), y.stride(1))
+            args = kernel.launch_args(
+                x[:, c0:], dt[:, c0:], A, B[:, c0:], C[:, c0:], D, s0, y[:, c0:], final, length, strides, h // g, stream
+            )
+            key = (None if state is None else state.dtype, p, n, BATCHED_LOADS, x.device.index)
             fn = _compiled.get(key)
             if fn is None:
                 if torch.cuda.is_current_stream_capturing():  # loading a CUDA module would break the capture
@@ -150,33 +155,12 @@ def ssd_scan(
                         f"the CuTeDSL SSD scan ({key[0]} initial state) was first called inside CUDA-graph capture: "
                         "call it once before capturing (a warm-up prefill) so it is compiled and loaded"
                     )
-                fn = _compile(key, args)
+                fp32_state = state is not None and state.dtype == torch.float32
+                scan = kernel.ChunkScan(p, n, state is not None, fp32_state, BATCHED_LOADS)
+                fn = _compiled[key] = kernel.compile_scan(scan, args)
             fn(*args)
             state = final  # the next chunk starts from this one's fp32 state, updated in place
     return y, final
-
-
-def _key(state: torch.Tensor | None, p: int, n: int, device: torch.device) -> tuple:
-    return (None if state is None else state.dtype, p, n, BATCHED_LOADS, device.index)
-
-
-def _chunk_args(x, dt, A, B, C, D, s0, y, final, c0: int, length: int, heads_per_group: int, stream: int) -> tuple:
-    """The kernel's arguments for the chunk of ``length`` tokens from token ``c0``."""
-    strides = (x.stride(0), x.stride(1), dt.stride(0), dt.stride(1), B.stride(0), B.stride(1))
-    strides += (C.stride(0), C.stride(1), y.stride(0), y.stride(1))
-    x, dt, B, C, y = (t[:, c0:] for t in (x, dt, B, C, y))
-    return kernel_module().launch_args(x, dt, A, B, C, D, s0, y, final, length, strides, heads_per_group, stream)
-
-
-def _compile(key: tuple, args: tuple):
-    """The kernel of ``key`` (:func:`_key`), compiled for ``args`` unless it already is."""
-    fn = _compiled.get(key)
-    if fn is None:
-        init, p, n, batched, _ = key
-        kernel = kernel_module()
-        scan = kernel.ChunkScan(p, n, init is not None, init == torch.float32, batched)
-        fn = _compiled[key] = kernel.compile_scan(scan, args)
-    return fn
 
 
 def warmup(p: int = 64, n: int = 128, device: torch.device | None = None) -> None:

@@ -1029,7 +1029,8 @@ def sequence_tail(
     # Programs of a few thousand stores each (the taps' copies of a sample count too), square where the copy is
     # channels-last (its runs go along the channels, the window's along the samples).
     widest, stores, warps = CHANNELS_LAST_TILE if channels_last else WINDOW_TILE if cols is out else UNFOLD_WINDOW_TILE
-    block_x = max(block_h, min(widest, max(NARROWEST_WINDOW_BLOCK, triton.next_power_of_2(length - n_h))))  # >= n_h
+    new = max(NARROWEST_WINDOW_BLOCK, triton.next_power_of_2(length - n_h))
+    block_x = max(block_h, min(widest, new))  # >= n_h, n_hr
     block_c = max(1, min(triton.next_power_of_2(channels), stores // block_x))
     grid = (triton.cdiv(channels, block_c), max(1, triton.cdiv(length - n_h, block_x)), batch)
     _tail_kernel[grid](

@@ -129,6 +129,7 @@ def child(args: argparse.Namespace) -> None:
         model.use_accelerators(fast_ops=False, cuda_graphs=False, use_cute_gemv=False)
     sync()
     stamps["ready"] = time.perf_counter()
+    dynamo = ["torch._dynamo" in sys.modules]  # an op on a meta tensor imports it (seconds): at ready, at the end
     if os.environ.get(WARMUP_ENV) and accel:
         model.warmup(prefix_length=args.prefix, frames=args.frames, cfg_scale=args.cfg_scale, progress_bar=False)
         sync()
@@ -143,7 +144,8 @@ def child(args: argparse.Namespace) -> None:
         requests.append(request(model, prefix, args, seed=i, sync=sync, stamper=stamper))
         graphs = model.engine.graphs
         requests[-1]["captures"] = None if graphs is None else graphs.captures
-    result = {"stamps": stamps, "requests": requests, "env": environment(torch, args.device)}
+    dynamo.append("torch._dynamo" in sys.modules)
+    result = {"stamps": stamps, "requests": requests, "env": environment(torch, args.device), "dynamo": dynamo}
     result["compiles"] = {} if compiles is None else compiles.by_kernel
     result["constexprs"] = {} if compiles is None else compiles.constexprs
     print(RESULT_TAG + json.dumps(result), flush=True)
@@ -310,6 +312,9 @@ def run_child(args: argparse.Namespace, case: str, cache: Path) -> dict:
     cmd += ["--cute-gemv"] if args.cute_gemv else []
     cmd += ["--cute-scan"] if args.cute_scan else []
     cmd += ["--checkpoint", args.checkpoint] if args.checkpoint else []
+    if case in args.py_spy:  # sampled from outside: every thread, the engine's included
+        cmd = ["py-spy", "record", "--rate", str(SPY_RATE), "--format", "raw", "--output", str(spy_file(cache, case)),
+               "--"] + cmd  # fmt: skip
     env[SPAWN_ENV] = repr(time.perf_counter())
     proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, text=True, timeout=args.child_timeout)
     result = None
@@ -321,6 +326,32 @@ def run_child(args: argparse.Namespace, case: str, cache: Path) -> dict:
     if proc.returncode or result is None:
         raise RuntimeError(f"case {case}: the child exited with {proc.returncode} and no result (stderr above)")
     return result
+
+
+SPY_RATE = 200  # samples per second
+
+
+def spy_file(cache: Path, case: str) -> Path:
+    return cache / f"py-spy-{case}.txt"
+
+
+def spy_rows(case: str, path: Path, top: int = 30) -> list[dict]:
+    """The ``top`` functions of a py-spy raw (collapsed-stack) recording by inclusive seconds, over all threads
+    (a function counted once per sample however deep it recurs)."""
+    inclusive: dict[str, int] = {}
+    for line in path.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        names = set()
+        for frame in stack.split(";"):
+            name, _, where = frame.partition(" (")
+            path = where.split(":")[0]
+            if path.startswith("<frozen") or path.endswith("first_request.py"):  # import machinery, this script
+                continue
+            names.add(f"{name} ({'/'.join(path.split('/')[-2:])})")
+        for name in names:
+            inclusive[name] = inclusive.get(name, 0) + int(count)
+    ranked = sorted(inclusive.items(), key=lambda kv: -kv[1])[:top]
+    return [{"case": case, "function (file)": k, "s": f"{n / SPY_RATE:.2f}"} for k, n in ranked]
 
 
 def row(case: str, result: dict) -> dict:
@@ -356,6 +387,7 @@ def row(case: str, result: dict) -> dict:
         "spawn → first audio s": f"{r1['audio'] - s['spawn']:.2f}" if "audio" in r1 else "none",
         "model ready → first audio s": f"{r1['audio'] - s['ready']:.2f}" if "audio" in r1 else "none",
         "graphs captured (decode steps + prefill pieces) after 1st / 2nd": f"{caps(r1)} / {caps(r2)}",
+        "torch._dynamo imported at ready / end": " / ".join("yes" if d else "no" for d in result["dynamo"]),
     }
 
 
@@ -396,7 +428,7 @@ def parent(args: argparse.Namespace) -> int:
         raise SystemExit(f"unknown cases {unknown}; choose from {list(CASES)}")
     keep = args.cache_root is not None
     root = Path(args.cache_root) if keep else Path(tempfile.mkdtemp(prefix="zonos-first-request-"))
-    rows, env, compiles, varying = [], None, [], []
+    rows, env, compiles, varying, spied = [], None, [], [], []
     if args.write_checkpoint:
         args.checkpoint = str(root / "checkpoint")
         writer = [sys.executable, str(Path(__file__).resolve()), "--write-checkpoint-to", args.checkpoint]
@@ -418,6 +450,8 @@ def parent(args: argparse.Namespace) -> int:
             rows.append(row(case, result))
             if result["compiles"]:
                 compiles += compile_rows(case, result["compiles"])
+            if case in args.py_spy:
+                spied += spy_rows(case, spy_file(cache, case))
             if result["constexprs"] and case == "cold":
                 varying += varying_constexprs(case, result["constexprs"])
             r = rows[-1]
@@ -446,6 +480,8 @@ def parent(args: argparse.Namespace) -> int:
     )
     if compiles:
         print(markdown(compiles, "Triton compiles (or disk-cache loads) by kernel, longest first"))
+    if spied:
+        print(markdown(spied, "Where the child's time goes (py-spy, all threads, inclusive seconds)"))
     if varying:
         print(markdown(varying, "What the most compiled kernels' specializations differ in (cold)"))
     measured = {r["case"]: r for r in rows}
@@ -482,8 +518,16 @@ def main() -> int:
     ap.add_argument("--write-checkpoint-to", help=argparse.SUPPRESS)
     ap.add_argument("--cache-root", help="keep the kernel caches here (default: a temporary directory, removed)")
     ap.add_argument("--child-timeout", type=float, default=900.0, help="seconds per child process")
+    ap.add_argument(
+        "--py-spy",
+        default="",
+        metavar="CASES",
+        help="comma-separated cases whose child runs under py-spy (must be on PATH): the functions with the most "
+        "inclusive time over all threads, from spawn to exit",
+    )
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    args.py_spy = {c.strip() for c in args.py_spy.split(",") if c.strip()}
     if args.tiny and args.max_seqlen == 4096:
         args.max_seqlen = 512
     if args.write_checkpoint_to:

@@ -317,3 +317,39 @@ def test_missing_fast_op_packages_on_cuda_warn_unless_asked_for(tiny, monkeypatc
         tiny.use_accelerators(cuda_graphs=False)
     with pytest.raises(ImportError, match="mamba_ssm"):
         tiny.use_accelerators(fast_ops=True, cuda_graphs=False)
+
+
+_NO_DYNAMO_CHILD = """
+import sys
+from tests.tiny import tiny_codec
+from zonos.conditioning import make_cond_dict
+from zonos.model import Zonos
+
+directory = sys.argv[1]
+model = Zonos.from_local(directory + "/config.json", directory + "/model.safetensors", device="cpu",
+                         autoencoder=tiny_codec(), max_seqlen=256)
+stages = ["from_local"] if "torch._dynamo" in sys.modules else []
+prefix = model.prepare_conditioning(make_cond_dict(text="Hi there.", language="en-us", device="cpu"))
+model.autoencoder.decode(model.generate(prefix, max_new_tokens=6, progress_bar=False))
+for chunk in model.generate(prefix, max_new_tokens=6, progress_bar=False, stream=True):
+    pass
+stages += ["generate"] if "torch._dynamo" in sys.modules and not stages else []
+print("imported torch._dynamo in: " + (", ".join(stages) or "none"))
+"""
+
+
+@pytest.mark.parametrize("kind", ["hybrid", "transformer"])
+def test_loading_and_generating_do_not_import_dynamo(tmp_path, kind):
+    """An op on a meta tensor (a module built by from_local, the config's check of its conditioners) imports
+    torch._dynamo with sympy: seconds of every process's start. A fresh interpreter loads and generates without."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    _save(tmp_path, kind)
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run(
+        [sys.executable, "-c", _NO_DYNAMO_CHILD, str(tmp_path)], cwd=root, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "imported torch._dynamo in: none"

@@ -10,8 +10,6 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
 
-import torch
-
 from zonos.codebook_pattern import CODEBOOK_SIZE
 from zonos.errors import CheckpointError, ZonosInputError
 from zonos.validation import check_int, check_real
@@ -181,8 +179,9 @@ class ZonosConfig:
                 raise ZonosInputError("prefix_conditioner.conditioners must be a list of JSON objects")
         # Building the conditioners on the meta device checks their types and values without allocating.
         from zonos.conditioning.conditioners import build_conditioners  # lazily: conditioning imports this module
+        from zonos.utils import on_meta
 
-        with torch.device("meta"):
+        with on_meta():
             build_conditioners(pc.conditioners, bb.d_model)
         with _as_config_error():
             eos = check_int("eos_token_id", self.eos_token_id, 0, CODEBOOK_SIZE)  # the heads' last column

@@ -28,7 +28,7 @@ from zonos.hub import resolve_file
 from zonos.ops.backend import REFERENCE, Backend, UsesOps, use_backend
 from zonos.sampling import SamplingParams
 from zonos.streaming import DEFAULT_CHUNK_FRAMES, DEFAULT_FIRST_CHUNK_FRAMES, AudioChunk, check_chunk_sizes
-from zonos.utils import batch_buckets, default_device, default_dtype, naming_compiles
+from zonos.utils import batch_buckets, default_device, default_dtype, naming_compiles, on_meta
 
 DEFAULT_CODEC = "descript/dac_44khz"
 DEFAULT_SLOTS = 4  # slots of the engine that generate() runs on (concurrent generate calls decode together)
@@ -144,7 +144,7 @@ class Zonos(UsesOps, nn.Module):
         """
         device, dtype = _check_load_args(device, dtype, max_seqlen, backbone)
         config = ZonosConfig.from_json(config_path)
-        with torch.device("meta"):
+        with on_meta():
             model = cls(config, autoencoder=autoencoder, max_seqlen=max_seqlen)
         # Straight onto the device, where the finiteness check over 1.65 G elements takes milliseconds (seconds on
         # the CPU). A truncated or corrupt file: a CheckpointError naming it.

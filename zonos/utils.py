@@ -1,5 +1,5 @@
 """Device defaults (also upstream's import path: ``from zonos.utils import DEFAULT_DEVICE``), tensor helpers,
-the command lines' help formatter and the warm-up's compile report."""
+building modules on the meta device, the command lines' help formatter and the warm-up's compile report."""
 
 import argparse
 import contextlib
@@ -7,6 +7,7 @@ import importlib.util
 from collections.abc import Iterator
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 
 def default_device() -> torch.device:
@@ -36,6 +37,34 @@ def tensor_version(t: torch.Tensor) -> int:
     """How many times ``t`` was changed in place (``t._version``); 0 for an inference tensor, which keeps no count
     (it can change only inside ``torch.inference_mode``, and such a change goes unseen by caches keyed on this)."""
     return 0 if t.is_inference() else t._version
+
+
+# Initializers that would run on meta tensors through torch's Python reference kernels: the first such op imports
+# torch._dynamo (with sympy), 1.2-4 s of a process's start. Out-of-place elementwise ops on meta do too, so module
+# constructors keep to factories and in-place ops (docs/BENCHMARKS.md, "Where from_local goes").
+_META_INITIALIZERS = frozenset(
+    {torch.nn.init.normal_, torch.nn.init.trunc_normal_, torch.Tensor.normal_, torch.Tensor.log_normal_}
+)
+
+
+class _SkipMetaInitializers(TorchFunctionMode):
+    """Returns a meta tensor untouched from the random initializers in :data:`_META_INITIALIZERS`."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in _META_INITIALIZERS:
+            t = args[0] if args else kwargs.get("tensor")
+            if isinstance(t, torch.Tensor) and t.is_meta:
+                return t
+        return func(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def on_meta() -> Iterator[None]:
+    """Build modules on the meta device (shapes only, nothing allocated) without running an op in Python: random
+    initializers of meta tensors are skipped, so the build does not import torch._dynamo."""
+    with _SkipMetaInitializers(), torch.device("meta"):
+        yield
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):

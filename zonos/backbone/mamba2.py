@@ -91,7 +91,12 @@ class Mamba2Mixer(UsesOps, nn.Module):
 
         Writes in place when the dtype and device are unchanged, so CUDA graphs that read A stay valid.
         """
-        A, old = -torch.exp(self.A_log.to(compute_dtype(self.A_log.dtype))), self.A
+        dtype = compute_dtype(self.A_log.dtype)
+        if self.A_log.is_meta:  # shape only: an op on meta tensors would import torch._dynamo (seconds)
+            A = torch.empty_like(self.A_log, dtype=dtype)
+        else:
+            A = -torch.exp(self.A_log.to(dtype))
+        old = self.A
         same = old is not None and (old.shape, old.dtype, old.device) == (A.shape, A.dtype, A.device)
         if same and not A.is_meta and (not old.is_inference() or torch.is_inference_mode_enabled()):
             old.copy_(A)

@@ -22,6 +22,7 @@ from zonos.checkpoint import load_safetensors
 from zonos.codec.dac import DAC, DACConfig, convert_descript_state_dict, load_state_dict_strict
 from zonos.errors import CheckpointError, ZonosInputError
 from zonos.hub import CheckpointNotAvailableError, resolve_file
+from zonos.utils import on_meta
 from zonos.validation import code_range
 
 __all__ = [
@@ -87,7 +88,7 @@ class DACAutoencoder:
             module = DAC(config)
         else:
             # Allocate without running the random initialisers: every tensor is overwritten anyway.
-            with torch.device("meta"):
+            with on_meta():
                 module = DAC(config)
             module = module.to_empty(device=device)
             load_state_dict_strict(module, weights, source=source)

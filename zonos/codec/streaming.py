@@ -66,7 +66,7 @@ from zonos.codec.autoencoder import DACAutoencoder, check_code_range, decode_pre
 from zonos.codec.dac import DAC, DACConfig, ResidualUnit, Snake1d, conv_dtype
 from zonos.ops.backend import REFERENCE, Backend
 from zonos.ops.vocoder import Scratch
-from zonos.utils import tensor_version
+from zonos.utils import on_meta, tensor_version
 
 __all__ = [
     "StreamingDACDecoder",
@@ -514,7 +514,7 @@ def receptive_field(config: DACConfig | None = None) -> ReceptiveField:
     (``lookahead_frames == left_context_frames == 10``, 107.9 ms of lookahead).
     """
     config = config or DACConfig()
-    with torch.device("meta"):  # only the layer shapes are needed
+    with on_meta():  # only the layer shapes are needed
         dac = DAC(config)
     return _compose(_decoder_stages(dac), config.hop_length, config.sampling_rate)
 
@@ -525,7 +525,7 @@ def steady_state_size(config: DACConfig | None = None, chunk_frames: int = 16) -
     raw inputs. For the 44.1 kHz model at 16 frames: 14,669,728 (28 MiB in fp16); memory planning counts it per
     stream."""
     config = config or DACConfig()
-    with torch.device("meta"):  # only the layer shapes are needed
+    with on_meta():  # only the layer shapes are needed
         dac = DAC(config)
     size, rate = 0, 1  # input samples per frame of the stage at hand
     for stage in _decoder_stages(dac):

@@ -216,7 +216,8 @@ class FourierConditioner(Conditioner):
             raise ValueError(f"FourierConditioner {name!r}: min_val and max_val must differ")
         super().__init__(output_dim, name, **kwargs)
         self.input_dim, self.min_val, self.max_val, self.std = input_dim, min_val, max_val, std
-        self.register_buffer("weight", torch.randn(output_dim // 2, input_dim) * std)
+        # in place: an out-of-place op on meta would run a Python kernel (zonos.utils.on_meta)
+        self.register_buffer("weight", torch.randn(output_dim // 2, input_dim).mul_(std))
 
     def _reference(self) -> torch.Tensor:
         return self.weight

@@ -22,6 +22,7 @@ from zonos.errors import ZonosInputError
 from zonos.hub import CheckpointNotAvailableError, resolve_file
 from zonos.speaker.features import SAMPLE_RATE, LogMelFeatures
 from zonos.speaker.network import ResNetSimAMASP, SpeakerNetConfig
+from zonos.utils import on_meta
 from zonos.validation import check_device
 
 __all__ = [
@@ -237,7 +238,7 @@ class SpeakerEmbedding(nn.Module):
         """Build from in-memory state dicts (strict); parameters end up float32 on ``device``."""
         config = config or SpeakerNetConfig()
         # Built on meta and filled by assignment, so the 99M parameters are never randomly initialised.
-        with torch.device("meta"):
+        with on_meta():
             network = ResNetSimAMASP(config)
             lda = nn.Linear(config.embed_dim, config.lda_dim)
         load_state_dict_strict(network, network_state_dict, sources[0])

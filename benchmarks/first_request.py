@@ -344,10 +344,10 @@ def spy_rows(case: str, path: Path, top: int = 30) -> list[dict]:
         names = set()
         for frame in stack.split(";"):
             name, _, where = frame.partition(" (")
-            path = where.split(":")[0]
-            if path.startswith("<frozen") or path.endswith("first_request.py"):  # import machinery, this script
+            source = where.split(":")[0]
+            if source.startswith("<frozen") or source.endswith("first_request.py"):  # import machinery, this script
                 continue
-            names.add(f"{name} ({'/'.join(path.split('/')[-2:])})")
+            names.add(f"{name} ({'/'.join(source.split('/')[-2:])})")
         for name in names:
             inclusive[name] = inclusive.get(name, 0) + int(count)
     ranked = sorted(inclusive.items(), key=lambda kv: -kv[1])[:top]

@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from zonos.codebook_pattern import CODEBOOK_SIZE
 from zonos.errors import CheckpointError, ZonosInputError
+from zonos.utils import on_meta
 from zonos.validation import check_int, check_real
 
 # Upper bounds on a config's sizes, far past any Zonos checkpoint (d_model 2048, 46 layers), so that a damaged or
@@ -179,7 +180,6 @@ class ZonosConfig:
                 raise ZonosInputError("prefix_conditioner.conditioners must be a list of JSON objects")
         # Building the conditioners on the meta device checks their types and values without allocating.
         from zonos.conditioning.conditioners import build_conditioners  # lazily: conditioning imports this module
-        from zonos.utils import on_meta
 
         with on_meta():
             build_conditioners(pc.conditioners, bb.d_model)

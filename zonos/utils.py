@@ -40,11 +40,11 @@ def tensor_version(t: torch.Tensor) -> int:
 
 
 # Initializers that would run on meta tensors through torch's Python reference kernels: the first such op imports
-# torch._dynamo (with sympy), 1.2-4 s of a process's start. Out-of-place elementwise ops on meta do too, so module
-# constructors keep to factories and in-place ops (docs/BENCHMARKS.md, "Where from_local goes").
-_META_INITIALIZERS = frozenset(
-    {torch.nn.init.normal_, torch.nn.init.trunc_normal_, torch.Tensor.normal_, torch.Tensor.log_normal_}
-)
+# torch._dynamo (with sympy), 1.2-4 s of a process's start. nn.init.normal_ is seen before it calls Tensor.normal_
+# (inside this mode's handler the mode is off); kaiming_normal_ and xavier_normal_ reach Tensor.normal_ directly.
+# Out-of-place elementwise ops on meta import it too, so module constructors keep to factories and in-place ops
+# (docs/BENCHMARKS.md, "Where model ready goes").
+_META_INITIALIZERS = frozenset({torch.nn.init.normal_, torch.Tensor.normal_})
 
 
 class _SkipMetaInitializers(TorchFunctionMode):

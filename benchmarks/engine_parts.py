@@ -22,6 +22,7 @@ Real-size Zonos-v0.1-hybrid and DAC 44.1 kHz with random bf16 weights. Three tab
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import time
 
@@ -122,9 +123,28 @@ def vocoder_table(codec, batches: list[int], frames: list[int]) -> list[dict]:
     return rows
 
 
-def slab_table(codec, rows: list[int], frames: list[int]) -> list[dict]:
+def kernel_shares(fn, n: int = 3, top: int = 12) -> list[dict]:
+    """GPU µs per call of ``fn`` by kernel name (the ``top`` costliest), from torch.profiler over ``n`` calls."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(n):
+            fn()
+        torch.cuda.synchronize()
+    total: dict[str, list[float]] = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            total.setdefault(e.name[:60], []).append(e.device_time)
+    rows = sorted(total.items(), key=lambda kv: -sum(kv[1]))[:top]
+    return [{"kernel": k, "µs per call": round(sum(v) / n, 1), "launches per call": round(len(v) / n)} for k, v in rows]
+
+
+def slab_table(codec, rows: list[int], frames: list[int], ops: str = "triton", shares: bool = False) -> list[dict]:
     """GPU ms of a VocoderSlab push of ``b`` rows (every layer's input masked to each row's stream), beside the plain
-    steady push of ``b`` streams in :func:`vocoder_table`."""
+    steady push of ``b`` streams in :func:`vocoder_table`; ``ops="torch"`` runs the layers on the torch references
+    (cuDNN convs). ``shares`` prints each push's costliest kernels."""
+    from streaming import torch_layer_ops
+
     from zonos.codec.slab import VocoderSlab
 
     out = []
@@ -132,7 +152,8 @@ def slab_table(codec, rows: list[int], frames: list[int]) -> list[dict]:
     g = torch.Generator("cuda").manual_seed(1)
     for f in frames:
         for b in rows:
-            with torch.cuda.stream(side):
+            layers = torch_layer_ops(codec) if ops == "torch" else contextlib.nullcontext()
+            with layers, torch.cuda.stream(side):
                 slab = VocoderSlab(codec, rows=b, frames=f)
                 for r in range(b):
                     slab.admit(r, -(r % f) - 8 * f)  # rows at every phase, ramping up then steady
@@ -147,8 +168,10 @@ def slab_table(codec, rows: list[int], frames: list[int]) -> list[dict]:
                     push()
                 ms = statistics.median(event_times(push, repeat=20, warmup=3))
                 n = kernels(push)
+                if shares:
+                    print(table(kernel_shares(push), f"slab push of {b} rows x {f} frames ({ops}): costliest kernels"))
             torch.cuda.synchronize()
-            out.append({"frames": f, "rows": b, "GPU ms": round(ms, 3), "kernels": n,
+            out.append({"ops": ops, "frames": f, "rows": b, "GPU ms": round(ms, 3), "kernels": n,
                         "µs per row-frame": round(1e3 * ms / (b * f), 2)})  # fmt: skip
             print(out[-1], flush=True)
             del slab
@@ -237,6 +260,9 @@ def main() -> None:
     ap.add_argument("--frames", type=int, nargs="+", default=[1, 16], help="frames per vocoder push")
     ap.add_argument("--prefix", type=int, default=120, help="prefix tokens of the join")
     ap.add_argument("--parts", nargs="+", default=["join", "step", "vocoder", "slab"], help="tables to make")
+    ap.add_argument("--slab-ops", nargs="+", default=["triton"], choices=["triton", "torch"],
+                    help="the slab's layers: our kernels, or the torch references (cuDNN convs)")  # fmt: skip
+    ap.add_argument("--kernel-shares", action="store_true", help="print each slab push's costliest kernels")
     args = ap.parse_args()
     bandwidth = read_bandwidth_gbs() * 1e9
     model = real_size_model(max_seqlen=1024)
@@ -248,8 +274,11 @@ def main() -> None:
         joins = join_table(model, args.prefix) if "join" in args.parts else []
         steps = step_table(model, args.buckets, args.kv, bandwidth) if "step" in args.parts else []
         vocoder = vocoder_table(codec, args.rows, args.frames) if "vocoder" in args.parts else []
-        slab = slab_table(codec, args.rows, args.frames) if "slab" in args.parts else []
-    budget = budget_table(steps, slab, joins) if steps and slab else []
+        slab = []
+        if "slab" in args.parts:
+            for ops in args.slab_ops:
+                slab += slab_table(codec, args.rows, args.frames, ops, args.kernel_shares)
+    budget = budget_table(steps, [r for r in slab if r["ops"] == args.slab_ops[0]], joins) if steps and slab else []
     for rows, title in ((steps, "decode step over n slots (2n rows)"), (vocoder, "streaming vocoder push, b streams "
                         "together"), (slab, "vocoder slab push, b rows"), (joins, "join"),
                         (budget, "real-time budget: step + slab per frame against 11.61 ms of audio")):  # fmt: skip

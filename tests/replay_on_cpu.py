@@ -78,10 +78,10 @@ def emulate_cuda_graphs(monkeypatch) -> None:
 
     eager_then_capture = StreamingDACDecoder._eager_then_capture
 
-    def tracked(self, kind, x):
+    def tracked(self, *args):
         capturing.append(self)
         try:
-            return eager_then_capture(self, kind, x)
+            return eager_then_capture(self, *args)
         finally:
             capturing.pop()
 

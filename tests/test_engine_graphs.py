@@ -14,6 +14,7 @@ import torch
 from tests.replay_on_cpu import FakeGraph, _Recorder
 from tests.test_model import _prefix
 from tests.tiny import tiny_model
+from zonos.cuda_graphs import GraphSet
 from zonos.ops.backend import REFERENCE
 from zonos_accel.graphs import GraphCache
 
@@ -23,9 +24,8 @@ class CpuGraphCache(GraphCache):
 
     def __init__(self):
         self.device = torch.device("cpu")
-        self._graphs, self._inputs = {}, {}
-        self._pool = None
-        self.captures = self.replays = 0
+        self.graphs = GraphSet(capture_at=1)
+        self._inputs = {}
 
 
 def _tensors(model):
@@ -61,6 +61,7 @@ def emulated(monkeypatch):
     monkeypatch.setattr(torch.cuda, "default_stream", lambda device=None: main)
     monkeypatch.setattr(torch.cuda, "CUDAGraph", FakeGraph)
     monkeypatch.setattr(torch.cuda, "graph", graph)
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)
     return holder
 
 

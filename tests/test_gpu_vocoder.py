@@ -36,7 +36,7 @@ def exact():
 
 
 def _poison(dec: StreamingDACDecoder) -> None:
-    for captured in dec._graphs.values():
+    for captured in dec.graphs.results():
         if captured.output is not None:
             captured.output.fill_(float("nan"))
 

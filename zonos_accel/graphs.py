@@ -18,7 +18,8 @@ size, each replayed at any position (the backbone reads the start from the state
 last piece is padded up to its size: per-row ``valid`` lengths keep the padding out of the state.
 
 Every graph allocates from one memory pool: the engine runs them one after the other on one stream, and a
-piece's output is copied out before the next replay.
+piece's output is copied out before the next replay. Capture and replay follow :mod:`zonos.cuda_graphs`, the same
+rules as the streaming vocoder's graphs.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+
+from zonos.cuda_graphs import NOT_CAPTURED, GraphSet
 
 # Piece sizes. A piece runs every layer once, so it reads every weight once (3.2 GB at Zonos-v0.1-hybrid size)
 # and replays ~900 kernels whatever its length: the number of pieces sets a prefill's cost. A sequence runs as
@@ -49,7 +52,8 @@ def padded_length(length: int) -> int:
 
 
 class GraphCache:
-    """CUDA graphs of one engine's work on ``device``, keyed by what they depend on (see the module docstring).
+    """CUDA graphs of one engine's work on ``device``, keyed by what they depend on (see the module docstring), in a
+    :class:`~zonos.cuda_graphs.GraphSet` (its capture rules: the first call of a key runs eagerly, then captures).
 
     ``captures`` and ``replays`` count what happened, for tests and benchmarks.
     """
@@ -59,24 +63,29 @@ class GraphCache:
         if device.type != "cuda":
             raise ValueError(f"CUDA graphs need a CUDA device, got {device}")
         self.device = device
-        self._graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, object]] = {}
-        self._inputs: dict[tuple, torch.Tensor] = {}  # static prefill-piece inputs
-        self._pool = torch.cuda.graph_pool_handle()
-        self.captures = 0
-        self.replays = 0
+        self.graphs = GraphSet(capture_at=1)
+        self._inputs: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}  # static prefill-piece inputs
+
+    @property
+    def captures(self) -> int:
+        return self.graphs.captures
+
+    @property
+    def replays(self) -> int:
+        return self.graphs.replays
 
     def clear(self) -> None:
         """Drop every graph (e.g. after the weights moved)."""
-        self._graphs.clear()
+        self.graphs.drop()
         self._inputs.clear()
 
     def release(self, *states) -> None:
         """Drop the graphs captured on ``states`` (an engine's slots and staging state, at its shutdown): their
         memory goes back, and no later replay can touch the states' freed tensors."""
         serials = {state.serial for state in states}
-        for key in [k for k in self._graphs if k[1] in serials]:
-            del self._graphs[key]
-            self._inputs.pop(key, None)
+        self.graphs.drop(lambda key: key[1] in serials)
+        for key in [k for k in self._inputs if k[1] in serials]:
+            del self._inputs[key]
 
     def run(
         self,
@@ -90,27 +99,18 @@ class GraphCache:
         ``before_capture`` puts back the host-side state the eager run changed (so the capture's Python run sees
         what the eager one saw); ``after_capture`` sets what the call leaves. Returns the eager result the first
         time and the graph's static result later (valid until the next replay)."""
-        entry = self._graphs.get(key)
-        if entry is not None:
-            entry[0].replay()
-            self.replays += 1
-            return entry[1]
+        static = self.graphs.replay(key)
+        if static is not NOT_CAPTURED:
+            return static
         result = fn()
-        if torch.cuda.current_stream(self.device) == torch.cuda.default_stream(self.device):
-            return result  # capture needs a side stream; the engine runs on one, others just run eagerly
-        graph = torch.cuda.CUDAGraph()
-        if before_capture is not None:
-            before_capture()
-        try:
-            with torch.cuda.graph(
-                graph, pool=self._pool, stream=torch.cuda.current_stream(self.device), capture_error_mode="thread_local"
-            ):
-                static = fn()
-        finally:
-            if after_capture is not None:
-                after_capture()
-        self._graphs[key] = (graph, static)
-        self.captures += 1
+        if self.graphs.due(key):
+            if before_capture is not None:
+                before_capture()
+            try:
+                self.graphs.capture(key, fn, self.device)
+            finally:
+                if after_capture is not None:
+                    after_capture()
         return result
 
     def step(self, slots, n: int, use: tuple[bool, ...], processors: tuple, backend) -> None:

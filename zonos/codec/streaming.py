@@ -53,9 +53,7 @@ that order per layer: on an H200 the fp16 stream equals the one-shot decode bit 
 
 from __future__ import annotations
 
-import contextlib
 import math
-import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -64,6 +62,7 @@ from torch import Tensor, nn
 
 from zonos.codec.autoencoder import DACAutoencoder, check_code_range, decode_precision, validate_codes
 from zonos.codec.dac import DAC, DACConfig, ResidualUnit, Snake1d, conv_dtype
+from zonos.cuda_graphs import NOT_CAPTURED, GraphSet
 from zonos.ops.backend import REFERENCE, Backend
 from zonos.ops.vocoder import Scratch
 from zonos.utils import on_meta, tensor_version
@@ -547,21 +546,13 @@ _MAX_GRAPHS = 64  # per decoder; past that, pushes of new keys stay eager
 
 @dataclass
 class _Captured:
-    """A push (or the flush) captured in a CUDA graph, with the static tensors it reads and writes."""
+    """What a captured push (or flush) reads and leaves: the static input the codes are copied into before each
+    replay, the audio it overwrites, and the stages' state attributes after it with their graph key."""
 
-    graph: torch.cuda.CUDAGraph
-    input: Tensor | None  # codes [B, 9, n] or latent [B, hidden, n], copied in before each replay
+    input: Tensor | None  # codes [B, 9, n] or latent [B, hidden, n]
     output: Tensor | None  # audio [B, 1, m] float32, overwritten by each replay (and other graphs')
-    after: list[tuple[_Stage, dict]]  # the stages' state attributes after the push
-    after_key: tuple  # their graph key (:meth:`StreamingDACDecoder._state_key`)
-
-
-def _uncached_autocast() -> contextlib.AbstractContextManager:
-    """The current CUDA autocast without its cast cache (freed when the outermost autocast exits, so a
-    graph must not capture reads of it)."""
-    if torch.is_autocast_enabled("cuda"):
-        return torch.autocast("cuda", dtype=torch.get_autocast_dtype("cuda"), cache_enabled=False)
-    return contextlib.nullcontext()
+    after: list[tuple[_Stage, dict]]
+    after_key: tuple  # :meth:`StreamingDACDecoder._state_key` of ``after``
 
 
 class StreamingDACDecoder:
@@ -585,11 +576,10 @@ class StreamingDACDecoder:
     it and its own size: pushes and the flush are captured into CUDA graphs keyed by the state's
     shapes (and int values), the batch and push sizes, the input kind and the numeric mode.  (Once
     every layer holds its full context, the state's shapes depend only on the previous push's size:
-    repeated pushes of one size share a key.)  The second time a
-    key occurs its push runs eagerly (the warm-up) and is then captured on the caller's current
-    stream (a private one if that is the legacy default stream, where capture is impossible); from
-    the third on it is replayed: the codes copied in, one graph launch, the audio copied out.  The
-    graphs run the eager push's kernels on the same data, so they return the same samples.
+    repeated pushes of one size share a key.)  The second time a key occurs its push runs eagerly
+    (the warm-up) and is then captured, by the rules of :mod:`zonos.cuda_graphs` that the engine's
+    graphs follow too; from the third on it is replayed: the codes copied in, one graph launch, the
+    audio copied out.  The graphs run the eager push's kernels on the same data, so they return the same samples.
     :meth:`reset` keeps them (and the state buffers they address), so later streams of the same
     schedule replay every push; they are dropped when the codec's weights change or move.  The
     stages, run eagerly on the CPU and for the first occurrences, are the reference.
@@ -617,15 +607,9 @@ class StreamingDACDecoder:
             t for s in self._all_stages() if hasattr(s, "conv") for t in (s.conv.weight, s.conv.bias) if t is not None
         ]
         self.receptive_field: ReceptiveField = _compose(self._stages, config.hop_length, config.sampling_rate)
-        self._graphs: dict[tuple, _Captured] = {}
-        self._seen: dict[tuple, int] = {}  # eager runs of each key
-        self._uncapturable: set[tuple] = set()
+        self.graphs = GraphSet(capture_at=2, max_graphs=_MAX_GRAPHS)  # a key's second push is captured
         self._graph_weights: tuple = ()  # the weights' (address, version) when the graphs were captured
-        self._pool = None  # the graphs' private memory pool
-        self._side: torch.cuda.Stream | None = None  # captures when the caller is on the default stream
         self._stream: torch.cuda.Stream | None = None  # where the state was last touched
-        self.graph_captures = 0
-        self.graph_replays = 0
         self._code_bounds: Tensor | None = None  # [min, max] of the CUDA codes pushed, 0 included
         self._state_key_cache: tuple | None = None
         self.reset()
@@ -720,7 +704,7 @@ class StreamingDACDecoder:
             # by the ops (the Triton convs' packed copies) would be stale in replays.
             weights = tuple((p.data_ptr(), tensor_version(p)) for p in [*params, *map(self._params, self._conv_params)])
             if weights != self._graph_weights:
-                self._graphs.clear()
+                self.graphs.drop(forget=False)  # the keys recur: their next pushes capture again
                 self._graph_weights = weights
 
     def _graphs_on(self, device: torch.device) -> bool:
@@ -759,6 +743,14 @@ class StreamingDACDecoder:
             self._code_bounds = torch.zeros(2, dtype=torch.long, device=codes.device)  # eager before any capture
         return self.dac.codes_to_latent(codes, bounds=self._code_bounds)
 
+    @property
+    def graph_captures(self) -> int:
+        return self.graphs.captures
+
+    @property
+    def graph_replays(self) -> int:
+        return self.graphs.replays
+
     def _call(self, kind: str, x: Tensor | None) -> Tensor | None:
         """:meth:`_forward`, replayed from a CUDA graph where one was captured for this state and input."""
         device = self._device
@@ -767,25 +759,15 @@ class StreamingDACDecoder:
         if self._stream is None:
             self._stream = torch.cuda.current_stream(device)
         key = self._graph_key(kind, x)
-        captured = self._graphs.get(key)
-        if captured is not None:
-            if x is not None:
-                captured.input.copy_(x)
-            captured.graph.replay()
-            self._restore(captured.after)
-            self._state_key_cache = captured.after_key
-            self.graph_replays += 1
-            # Other graphs of the pool may reuse the output's memory: hand out a copy.
-            return None if captured.output is None else captured.output.clone()
-        seen = self._seen[key] = self._seen.get(key, 0) + 1
-        if seen < 2 or key in self._uncapturable or len(self._graphs) >= _MAX_GRAPHS:
-            return self._forward(kind, x)  # (the first run of a key may be a one-off)
-        out, captured = self._eager_then_capture(kind, x)
-        if captured is None:
-            self._uncapturable.add(key)
-        else:
-            self._graphs[key] = captured
-        return out
+        captured = self.graphs.replay(key, None if x is None else lambda c: c.input.copy_(x))
+        if captured is NOT_CAPTURED:
+            if not self.graphs.due(key):
+                return self._forward(kind, x)  # (the first run of a key may be a one-off)
+            return self._eager_then_capture(key, kind, x)
+        self._restore(captured.after)
+        self._state_key_cache = captured.after_key
+        # Other graphs of the pool may reuse the output's memory: hand out a copy.
+        return None if captured.output is None else captured.output.clone()
 
     def _graph_key(self, kind: str, x: Tensor | None) -> tuple:
         """What a captured push or flush is valid for: the state's shapes (each tensor's is the buffer a static
@@ -823,54 +805,31 @@ class StreamingDACDecoder:
         for stage, values in snapshot:
             vars(stage).update(values)
 
-    def _eager_then_capture(self, kind: str, x: Tensor | None) -> tuple[Tensor | None, _Captured | None]:
-        """Run the push eagerly (the warm-up; its output is returned), then capture it from the same
-        state (which runs nothing: the state tensors keep the values of the eager run).  A capture that
-        fails (some kernel that cannot be captured) is warned about and leaves the push eager."""
-        device = self._device
-        caller = torch.cuda.current_stream(device)
-        stream = caller
-        if caller == torch.cuda.default_stream(device):  # capture is illegal on the legacy default stream
-            if self._side is None or self._side.device != device:
-                self._side = torch.cuda.Stream(device)
-            stream = self._side
-            stream.wait_stream(caller)
-        if self._pool is None:
-            self._pool = torch.cuda.graph_pool_handle()
-        with torch.cuda.stream(stream):
-            before = self._snapshot()
-            out = self._forward(kind, x)
-            after = self._snapshot()
-            self._restore(before)
-            static_in = None if x is None else x.clone()
-            graph = torch.cuda.CUDAGraph()
-            try:
-                with (
-                    torch.cuda.graph(graph, pool=self._pool, stream=stream, capture_error_mode="thread_local"),
-                    _uncached_autocast(),
-                ):
-                    static_out = self._forward(kind, static_in)
-                    static_out = None if static_out is None else static_out.float()
-            except Exception as err:  # whatever could not be captured stays eager, which is correct
-                msg = f"a streaming DAC push could not be captured in a CUDA graph, it stays eager: {err!r}"
-                warnings.warn(msg, stacklevel=4)
-                graph = None
-            captured_after = self._snapshot()
-            self._restore(after)
-        if stream != caller:
-            caller.wait_stream(stream)
-            if out is not None:
-                out.record_stream(caller)
-        if graph is None:
-            return out, None
-        if any(
-            a is not b and not (isinstance(a, int) and a == b)
-            for (_, va), (_, vb) in zip(after, captured_after)
-            for a, b in zip(va.values(), vb.values())
-        ):
-            raise RuntimeError("the captured push left another state than the eager one (a bug)")
-        self.graph_captures += 1
-        return out, _Captured(graph, static_in, static_out, after, self._state_key())  # the state is `after`
+    def _eager_then_capture(self, key: tuple, kind: str, x: Tensor | None) -> Tensor | None:
+        """Run the push eagerly (the warm-up; its output is returned), then capture it from the same state as
+        ``key``'s graph (which runs nothing: the state tensors keep the values of the eager run)."""
+        before = self._snapshot()
+        out = self._forward(kind, x)
+        after = self._snapshot()
+        self._restore(before)
+        static_in = None if x is None else x.clone()
+
+        def push() -> _Captured:
+            static_out = self._forward(kind, static_in)
+            return _Captured(static_in, None if static_out is None else static_out.float(), after, ())
+
+        captured = self.graphs.capture(key, push, self._device)
+        captured_after = self._snapshot()
+        self._restore(after)
+        if captured is not NOT_CAPTURED:
+            if any(
+                a is not b and not (isinstance(a, int) and a == b)
+                for (_, va), (_, vb) in zip(after, captured_after)
+                for a, b in zip(va.values(), vb.values())
+            ):
+                raise RuntimeError("the captured push left another state than the eager one (a bug)")
+            captured.after_key = self._state_key()  # the state is `after`
+        return out
 
     def _finish(self, out: Tensor | None) -> Tensor:
         if out is None:

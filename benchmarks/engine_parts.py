@@ -139,10 +139,32 @@ def kernel_shares(fn, n: int = 3, top: int = 12) -> list[dict]:
     return [{"kernel": k, "µs per call": round(sum(v) / n, 1), "launches per call": round(len(v) / n)} for k, v in rows]
 
 
-def slab_table(codec, rows: list[int], frames: list[int], ops: str = "triton", shares: bool = False) -> list[dict]:
+def layer_times(codec, push, row_frames: int, n: int = 5) -> list[dict]:
+    """GPU µs per push of each conv layer of the decoder (our kernels), over ``n`` pushes, and per row-frame."""
+    from vocoder_profile import conv_layer_names, conv_times, gpu_events
+
+    names = conv_layer_names(codec)
+
+    def pushes():
+        for _ in range(n):
+            push()
+
+    times = conv_times(gpu_events(pushes), len(names))
+    out = [{"layer": k, "µs per push": round(us, 1), "ns per row-frame": round(1e3 * us / row_frames, 1)}
+           for k, us in zip(names, times)]  # fmt: skip
+    total = sum(times)
+    out.append(
+        {"layer": "all convs", "µs per push": round(total, 1), "ns per row-frame": round(1e3 * total / row_frames, 1)}
+    )
+    return out
+
+
+def slab_table(
+    codec, rows: list[int], frames: list[int], ops: str = "triton", shares: bool = False, layers: bool = False
+) -> list[dict]:
     """GPU ms of a VocoderSlab push of ``b`` rows (every layer's input masked to each row's stream), beside the plain
     steady push of ``b`` streams in :func:`vocoder_table`; ``ops="torch"`` runs the layers on the torch references
-    (cuDNN convs). ``shares`` prints each push's costliest kernels."""
+    (cuDNN convs). ``shares`` prints each push's costliest kernels, ``layers`` each conv layer's GPU µs."""
     from streaming import torch_layer_ops
 
     from zonos.codec.slab import VocoderSlab
@@ -170,6 +192,8 @@ def slab_table(codec, rows: list[int], frames: list[int], ops: str = "triton", s
                 n = kernels(push)
                 if shares:
                     print(table(kernel_shares(push), f"slab push of {b} rows x {f} frames ({ops}): costliest kernels"))
+                if layers and ops == "triton":
+                    print(table(layer_times(codec, push, b * f), f"slab push of {b} rows x {f} frames: conv layers"))
             torch.cuda.synchronize()
             out.append({"ops": ops, "frames": f, "rows": b, "GPU ms": round(ms, 3), "kernels": n,
                         "µs per row-frame": round(1e3 * ms / (b * f), 2)})  # fmt: skip
@@ -252,6 +276,19 @@ def budget_table(steps: list[dict], slab: list[dict], joins: list[dict]) -> list
     return out
 
 
+def vocoder_config(text: str) -> dict:
+    """``--vocoder-configs``: ``NAME=V[,NAME=V]`` of integer constants of zonos_accel.triton.vocoder, or ``default``."""
+    if text == "default":
+        return {}
+    config = {}
+    for item in text.split(","):
+        name, _, value = item.partition("=")
+        if not name.isupper() or not value.lstrip("-").isdigit():
+            raise argparse.ArgumentTypeError(f"expected NAME=INT[,NAME=INT] or 'default', got {text!r}")
+        config[name] = int(value)
+    return config
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--buckets", type=int, nargs="+", default=[1, 8, 64, 128, 256], help="slot buckets to time")
@@ -263,6 +300,10 @@ def main() -> None:
     ap.add_argument("--slab-ops", nargs="+", default=["triton"], choices=["triton", "torch"],
                     help="the slab's layers: our kernels, or the torch references (cuDNN convs)")  # fmt: skip
     ap.add_argument("--kernel-shares", action="store_true", help="print each slab push's costliest kernels")
+    ap.add_argument("--layer-times", action="store_true", help="print each slab push's GPU time per conv layer")
+    ap.add_argument("--vocoder-configs", type=vocoder_config, nargs="+", default=[{}], metavar="NAME=V[,NAME=V]",
+                    help="slab: a run with each set of zonos_accel.triton.vocoder constants (e.g. FLAT_ROWS=1000000 "
+                    "TAP_MAJOR_CHANNELS=192; 'default': as they are)")  # fmt: skip
     args = ap.parse_args()
     bandwidth = read_bandwidth_gbs() * 1e9
     model = real_size_model(max_seqlen=1024)
@@ -276,9 +317,23 @@ def main() -> None:
         vocoder = vocoder_table(codec, args.rows, args.frames) if "vocoder" in args.parts else []
         slab = []
         if "slab" in args.parts:
-            for ops in args.slab_ops:
-                slab += slab_table(codec, args.rows, args.frames, ops, args.kernel_shares)
-    budget = budget_table(steps, [r for r in slab if r["ops"] == args.slab_ops[0]], joins) if steps and slab else []
+            from zonos_accel.triton import vocoder as kernels
+
+            for config in args.vocoder_configs:
+                defaults = {name: getattr(kernels, name) for name in config}
+                label = ",".join(f"{k}={v}" for k, v in config.items()) or "default"
+                print(f"slab with {label}", flush=True)
+                try:
+                    for name, value in config.items():
+                        setattr(kernels, name, value)
+                    for ops in args.slab_ops:
+                        rows = slab_table(codec, args.rows, args.frames, ops, args.kernel_shares, args.layer_times)
+                        slab += [{"constants": label, **r} for r in rows]
+                finally:
+                    for name, value in defaults.items():
+                        setattr(kernels, name, value)
+    first = [r for r in slab if r["ops"] == args.slab_ops[0] and r["constants"] == slab[0]["constants"]]
+    budget = budget_table(steps, first, joins) if steps and slab else []
     for rows, title in ((steps, "decode step over n slots (2n rows)"), (vocoder, "streaming vocoder push, b streams "
                         "together"), (slab, "vocoder slab push, b rows"), (joins, "join"),
                         (budget, "real-time budget: step + slab per frame against 11.61 ms of audio")):  # fmt: skip

@@ -203,6 +203,10 @@ def sweep_constant(attr: str, label: str, values: list, title: str):
 sweep_split = sweep_constant(
     "SPLIT_TILES_PER_SM", "split below tiles per SM", [1, 2, 4, 8], "When short calls split their reduction groups"
 )
+# The widest k7 convs that run tap-major (changes the samples of the layers it moves, streamed and one-shot alike).
+sweep_tap_major = sweep_constant(
+    "TAP_MAJOR_CHANNELS", "tap-major up to channels", [192, 384, 768], "Which k7 convs run tap-major"
+)
 
 
 def conv_layer_names(codec: DACAutoencoder) -> list[str]:
@@ -313,9 +317,9 @@ def main() -> None:
     p.add_argument("--ops", default="triton", choices=["triton", "torch"], help="the decoder convs' implementation")
     p.add_argument(
         "--sweep",
-        choices=["tiles", "groups", "stages", "slices", "split"],
+        choices=["tiles", "groups", "stages", "slices", "split", "tap-major"],
         help="time every configuration of SWEEP (tiles), GROUP_SWEEP, STAGE_SWEEP, SLICE_SWEEP, or the values "
-        "of SPLIT_TILES_PER_SM "
+        "of SPLIT_TILES_PER_SM or TAP_MAJOR_CHANNELS "
         "instead (with --layers: each conv layer's time under each)",
     )
     p.add_argument("--layers", action="store_true", help="GPU time of each conv layer instead of kernel groups")
@@ -351,6 +355,7 @@ def main() -> None:
             "stages": sweep_stages,
             "slices": sweep_slices,
             "split": sweep_split,
+            "tap-major": sweep_tap_major,
         }
         sweeps[args.sweep](codec, args.chunks, args.pushes if args.layers else None)
         return

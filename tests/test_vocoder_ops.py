@@ -236,7 +236,8 @@ def test_tap_major_convs_are_the_narrow_k7_layers():
     """``_tap_major``: the DAC convs of kernel > 1 over 96 or 192 channels (blocks 3-4's and the last) run tap-major in
     16 bits, the wider ones (conv1's 1024, blocks 1-2's 768 and 384), kernel-1 convs and float32 calls do not: a rule
     of the layer and dtype alone, so that a layer's streamed and one-shot calls add the same products in the same
-    order.  ``_taps_blocks``' slice depends on the channels only, whatever the call's length."""
+    order.  ``_taps_blocks``' slice depends on the channels only, whatever the call's length, and its tile is never
+    wider than a row's outputs."""
     pytest.importorskip("triton")
     from zonos_accel.triton import vocoder as fast
 
@@ -251,9 +252,11 @@ def test_tap_major_convs_are_the_narrow_k7_layers():
         (100, 7, torch.float16, False),
     ):
         assert fast._tap_major(c_in, k, dtype, cpu) == expected, (c_in, k, dtype)
-    for c_in, block_ci in ((96, 32), (192, 64)):
+    for c_in, block_ci in ((96, 32), (192, 64), (768, 64)):
         tiles = {fast._taps_blocks(c_out, c_in, n, 1, cpu) for c_out in (1, 96, 192) for n in (1, 37, 4096, 10**6)}
         assert {t[1] for t in tiles} == {block_ci} and {t[2] for t in tiles} == {16, 32, 64}
+    for n_out in (1, 16, 32, 33):  # a slab's rows of few outputs: many programs, none wider than a row
+        assert fast._taps_blocks(768, 768, n_out, 256, cpu)[2] == max(16, 1 << (n_out - 1).bit_length())
 
 
 def test_transposed_convs_compute_their_phases_together():
@@ -424,6 +427,65 @@ def test_dense_operands_equal_the_gather_bit_for_bit(target, dtype, monkeypatch)
         assert not y.isnan().any()
         if dense:
             assert torch.equal(y, outs[split, False, i]), (split, i)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_flat_tiles_equal_per_row_tiles_bit_for_bit(target, dtype, monkeypatch):
+    """Calls of many rows with few outputs each (a vocoder slab's first layers) tile the rows' samples together
+    (``FLAT``): each column gathers its own row's inputs, and every output is the same sum as a row's own tile
+    gives, bit for bit on the GPU, with each of ``FLAT_TILES`` (ragged channels and columns, split or not): convs with
+    padding and dilation, a residual from a [history | new] pair, Snake, a kernel-1 conv, and transposed convs
+    cropped as a stream window crops them.  (The interpreter's matmul may round by shape.)"""
+    fast, device = target
+    _interpreter_limits(device, dtype)
+    g = torch.Generator().manual_seed(71)
+
+    def randn(*shape, scale=1.0, dt=dtype):
+        return (torch.randn(*shape, generator=g) * scale).to(device=device, dtype=dt)
+
+    x, w, b = randn(6, 72, 9), randn(80, 72, 7, scale=72**-0.5, dt=torch.float32), randn(80, scale=0.1)
+    xs, ws = randn(5, 40, 23), randn(64, 40, 7, scale=40**-0.5, dt=torch.float32)
+    res_h, res_x = randn(5, 64, 5), randn(5, 64, 11)
+    alpha = (torch.rand(80, generator=g) + 0.5).to(device)
+    xt, wt, bt = randn(7, 40, 4), randn(40, 24, 16, scale=40**-0.5, dt=torch.float32), randn(24, scale=0.1)
+    calls = [
+        lambda: fast.conv1d(x, w, b, padding=3, dtype=dtype),
+        lambda: fast.conv1d(x, w, b, padding=3, alpha=alpha, dtype=dtype),
+        lambda: fast.conv1d(
+            xs, ws, None, dilation=2, residual=res_x, residual_history=res_h, residual_offset=5, dtype=dtype
+        ),  # fmt: skip
+        lambda: fast.conv1d(xs[..., :11], ws[..., :1], None, residual=res_x, dtype=dtype),
+        lambda: fast.conv_transpose1d(xt, wt, bt, stride=8, start=4, length=21, dtype=dtype),
+        lambda: fast.conv_transpose1d(xt, wt, bt, stride=8, dtype=dtype),
+    ]
+    flat_calls = []
+    flat_blocks = fast._flat_blocks
+    monkeypatch.setattr(fast, "_flat_blocks", lambda *a: flat_calls.append(a) or flat_blocks(*a))
+    tiles = fast.FLAT_TILES
+    outs = {}
+    for split in (True, False):
+        monkeypatch.setattr(fast, "_split", lambda n_groups, tiles, device, split=split: split and n_groups > 1)
+        monkeypatch.setattr(fast, "FLAT_ROWS", 10**9)
+        before = len(flat_calls)
+        for i, call in enumerate(calls):
+            _poison(device)
+            outs[split, None, i] = call()
+        assert len(flat_calls) == before
+        monkeypatch.setattr(fast, "FLAT_ROWS", 4)
+        for tile in tiles:
+            monkeypatch.setattr(fast, "FLAT_TILES", (tile,))
+            for i, call in enumerate(calls):
+                _poison(device)
+                outs[split, tile, i] = call()
+    assert len(flat_calls) == 2 * len(tiles) * len(calls)
+    for (split, tile, i), y in outs.items():
+        assert not y.isnan().any()
+        for ref in (outs[split, None, i], outs[True, None, i]):
+            if device.type == "cuda":
+                assert torch.equal(y, ref), (split, tile, i)
+            else:  # the interpreter's matmul may round by shape: what must hold is each column's row and sample
+                eps = torch.finfo(dtype).eps
+                assert torch.allclose(y, ref, rtol=2 * eps, atol=max(eps, 1e-5)), (split, tile, i)
 
 
 def test_packed_weights_follow_in_place_changes(target):

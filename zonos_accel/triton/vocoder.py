@@ -27,6 +27,10 @@ its window, in the same launch) and its weights packed once per weight tensor, b
 slices deep.  The dot products see the same numbers in the same order, so this
 too changes the time, not the samples.
 
+A call of many batch rows with only a few outputs each (a vocoder slab's first layers: 4 samples a row at 4-frame
+pushes) tiles the rows' (row, sample) pairs together instead (``FLAT``): each column gathers its own row's inputs,
+each weight slice serves a whole tile, and every output is still the same chain of products.
+
 The k7 convs of at most :data:`TAP_MAJOR_CHANNELS` channels (blocks 3-4's, and the last conv) run tap-major
 instead, on sm_90 and later: their input copied channels-last, each reduction slice is a TMA box of ``BLOCK_CI``
 channels shifted along the samples by the tap (the boxes' zeros outside the input are the padding), so neither a
@@ -97,6 +101,15 @@ SPLIT_TILES_PER_SM = 4
 # the upsampling layers of 2 / 8 / 16-frame pushes 30 / 34 / 39 us (one phase per program: 33 / 54 / 78), one-shot
 # 1.2 us per frame (3.4); 32 rows lost at 8 and 16 frames and one-shot, 128 rows at every push size.
 TRANSPOSED_ROWS = 64
+# A call of at least FLAT_ROWS batch rows with fewer than FLAT_COLUMNS outputs per row (a vocoder slab's conv1 and
+# block 1's upsample: 4-5 a row at 4-frame pushes) tiles the (row, sample) pairs together (``FLAT``), gathering: a
+# row's own tiles were mostly padding and re-read the layer's weights once per row (conv1: 22 MB a row).  At 256 rows
+# x 4 frames conv1 1735 -> 318 us, the upsample 1421 -> 292 (H100); block 1's k7 convs (32 a row) lost, 1010 -> 1150
+# gathering and 116 -> 400 against their dense calls at 64 rows.  Tiles (BLOCK_CO, BLOCK_T, warps), widest first: the
+# first that still gives every SM a program.
+FLAT_ROWS = 4
+FLAT_COLUMNS = 32
+FLAT_TILES = ((128, 128, 8), (128, 64, 8), (64, 64, 4))
 # A call whose unfolded input (:func:`_unfold`) takes at most this many bytes runs on dense operands; a longer one
 # gathers its inputs in the kernel (unfolded, a long decode's last layers would take gigabytes).  Dense k7 convs:
 # 1.3-2.7x faster at push sizes.
@@ -108,7 +121,9 @@ DENSE_STAGES = 4
 # where TMA exists (sm_90 on): blocks 3-4's k7 convs and the DAC's last conv; their stream windows hand on a
 # channels-last copy (one value per sample) instead of 8 unfolded taps.  Block 3's k7 conv with its window 15.9 ->
 # 12.2 us at 8-frame pushes, 24.0 -> 14.6 at 16; block 2's (384 channels) 14.1 -> 15.9 at 8, and in the whole decoder
-# 384 cost 3-10% more at 2-8-frame pushes; 768 was slower at every size.  One-shot 0.029 -> 0.021 ms/frame.
+# 384 cost 3-10% more at 2-8-frame pushes; 768 was slower at every size.  One-shot 0.029 -> 0.021 ms/frame.  In a
+# slab push of 256 rows x 4 frames, though, blocks 1-2's k7 convs gather at 67-84 TFLOP/s (1.0 and 1.6 ms each, H100)
+# against block 3's tap-major 287 (0.47 ms): wider tap-major convs are the slab's next candidate (not yet timed).
 TAP_MAJOR_CHANNELS = 192
 TAP_MAJOR_STAGES = 4  # TMA boxes in flight (not swept)
 # Programs of a window launch (:func:`sequence_tail`), (most samples, elements, warps) each.  Writing a channels-last
@@ -286,13 +301,29 @@ def _conv_kernel(
     C_in, C_out, T_x, n_out, offset, dilation, T_r, H_r, res_offset, n_groups,
     s_xb, s_xc, s_xt, s_wo, s_wi, s_wk, s_b, s_a,
     s_rb, s_rc, s_rt, s_rhb, s_rhc, s_rht, s_ob, s_oc, s_ot,
+    batch,
     K: tl.constexpr, KP: tl.constexpr, BLOCK_CO: tl.constexpr, BLOCK_CI: tl.constexpr, BLOCK_T: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, TANH: tl.constexpr, SNAKE: tl.constexpr, GROUP: tl.constexpr,
     SPLIT: tl.constexpr, COMPUTE: tl.constexpr, PRECISION: tl.constexpr, DENSE: tl.constexpr, STAGES: tl.constexpr,
+    FLAT: tl.constexpr,
 ):  # fmt: skip
-    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    """``FLAT``: the tile's columns run over (batch row, output sample) pairs, ``n_out`` samples of row 0, then of row
+    1 and so on (many rows of a few samples each: every weight slice serves a whole tile), gathering each column's
+    inputs from its own row; else the grid's third axis is the batch row."""
     co = tl.program_id(1) * BLOCK_CO + tl.arange(0, BLOCK_CO)
-    b, group = _batch_and_group(n_groups, SPLIT)
+    if FLAT:
+        column = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+        t = column % n_out
+        # Columns past the last row read row batch - 1 (a valid address) and are not stored.
+        b = tl.minimum(column // n_out, batch - 1).to(tl.int64)[None, :]
+        t_ok = column < batch * n_out
+        group = tl.program_id(2) if SPLIT else 0
+        tile = _tile(0)
+    else:
+        t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+        b, group = _batch_and_group(n_groups, SPLIT)
+        t_ok = t < n_out
+        tile = _tile(b)
     co_ok = co < C_out
     r = tl.arange(0, BLOCK_CI * KP)  # reduction index: input channel r // KP, tap r % KP
     tap = r % KP
@@ -301,7 +332,7 @@ def _conv_kernel(
     else:
         pos = t[None, :] + (tap * dilation + offset)[:, None]
     acc, last = _sum(
-        x_ptr, w_ptr, part_ptr, count_ptr, _tile(b), group, n_groups, T_x, C_in, b, r // KP, tap, r, pos, co, co_ok,
+        x_ptr, w_ptr, part_ptr, count_ptr, tile, group, n_groups, T_x, C_in, b, r // KP, tap, r, pos, co, co_ok,
         s_xb, s_xc, s_xt, s_wo, s_wi, s_wk, K, KP, BLOCK_CO, BLOCK_CI, BLOCK_T, GROUP, SPLIT, COMPUTE, PRECISION,
         DENSE, STAGES, DENSE,
     )  # fmt: skip
@@ -313,7 +344,9 @@ def _conv_kernel(
         )  # fmt: skip
         y = (y.to(tl.float32) + res).to(COMPUTE)
     y = _activate(y, a_ptr, s_a, co, co_ok, TANH, SNAKE, COMPUTE)
-    mask = co_ok[:, None] & (t < n_out)[None, :] & last
+    mask = co_ok[:, None] & t_ok[None, :]
+    if SPLIT:  # only the program that adds the groups stores (a select: Triton 3.9's interpreter refuses the mask
+        mask = tl.where(last, mask, False)  # that ``mask & last`` makes of a scalar)
     tl.store(out_ptr + b * s_ob + co[:, None].to(tl.int64) * s_oc + t[None, :] * s_ot, y, mask=mask)
 
 
@@ -350,24 +383,30 @@ def _conv_taps_kernel(
 def _conv_transpose_kernel(
     x_ptr, w_ptr, b_ptr, out_ptr, part_ptr, count_ptr,
     C_in, C_out, T_x, stride, start, length, q_first, n_q, n_groups,
-    s_xb, s_xc, s_xt, s_w, s_b, s_ob, s_oc, s_ot,
+    s_xb, s_xc, s_xt, s_w, s_b, s_ob, s_oc, s_ot, batch,
     K: tl.constexpr, MP: tl.constexpr, BLOCK_CO: tl.constexpr, PHASES: tl.constexpr, BLOCK_CI: tl.constexpr,
     BLOCK_Q: tl.constexpr, HAS_BIAS: tl.constexpr, GROUP: tl.constexpr, SPLIT: tl.constexpr, COMPUTE: tl.constexpr,
     PRECISION: tl.constexpr, DENSE: tl.constexpr, STAGES: tl.constexpr, ALL_PHASES: tl.constexpr,
+    FLAT: tl.constexpr,
 ):  # fmt: skip
     """A program computes ``PHASES`` consecutive phases of ``BLOCK_CO`` output channels as one product: its rows
     are (channel, phase) pairs of the packed weights (``[stride C_out, C_in MP]``, row ``phase C_out + channel``)
     and they share each input slice.  Its outputs, phases interleaved, are then stored as runs of ``PHASES``
-    samples (``ALL_PHASES``: contiguous rows), not one sample every ``stride``."""
+    samples (``ALL_PHASES``: contiguous rows), not one sample every ``stride``.  ``FLAT``: the columns run over
+    (batch row, input) pairs, ``n_q`` inputs of row 0, then of row 1 and so on, as in :func:`_conv_kernel`."""
     BLOCK_M: tl.constexpr = BLOCK_CO * PHASES
     qi = tl.program_id(0) * BLOCK_Q + tl.arange(0, BLOCK_Q)
-    q = q_first + qi
     i = tl.arange(0, BLOCK_M)
     co = tl.program_id(1) * BLOCK_CO + i // PHASES
-    row, group = _batch_and_group(n_groups, SPLIT)  # row: batch row × phase groups + phase group
+    row, group = _batch_and_group(n_groups, SPLIT)  # row: batch row × phase groups + phase group (FLAT: the latter)
     n_phase_groups = stride // PHASES
     first_phase = (row % n_phase_groups) * PHASES
-    b = row // n_phase_groups
+    if FLAT:
+        b = tl.minimum(qi // n_q, batch - 1).to(tl.int64)[None, :]  # columns past the last row are not stored
+        qi = qi % n_q
+    else:
+        b = row // n_phase_groups
+    q = q_first + qi
     co_ok = co < C_out
     r = tl.arange(0, BLOCK_CI * MP)  # reduction index: input channel r // MP, input q - r % MP
     m = r % MP
@@ -385,15 +424,24 @@ def _conv_transpose_kernel(
     j = tl.arange(0, BLOCK_Q * PHASES)
     if PHASES > 1:
         y = tl.reshape(tl.permute(tl.reshape(y, (BLOCK_CO, PHASES, BLOCK_Q)), (0, 2, 1)), (BLOCK_CO, BLOCK_Q * PHASES))
-    q0 = q_first + tl.program_id(0) * BLOCK_Q
-    if ALL_PHASES:
-        t = q0 * stride - start + j
+    column = tl.program_id(0) * BLOCK_Q + j // PHASES
+    if FLAT:
+        b_out = tl.minimum(column // n_q, batch - 1).to(tl.int64)[None, :]
+        t = (q_first + column % n_q) * stride + first_phase + j % PHASES - start
+        ok = (column < batch * n_q) & (t >= 0) & (t < length)
     else:
-        t = (q0 + j // PHASES) * stride + first_phase + j % PHASES - start
+        b_out = b
+        q0 = q_first + tl.program_id(0) * BLOCK_Q
+        if ALL_PHASES:
+            t = q0 * stride - start + j
+        else:
+            t = (q0 + j // PHASES) * stride + first_phase + j % PHASES - start
+        ok = (column < n_q) & (t >= 0) & (t < length)
     c = tl.program_id(1) * BLOCK_CO + tl.arange(0, BLOCK_CO)
-    ok = (tl.program_id(0) * BLOCK_Q + j // PHASES < n_q) & (t >= 0) & (t < length)
-    mask = (c < C_out)[:, None] & ok[None, :] & last
-    tl.store(out_ptr + b * s_ob + c[:, None].to(tl.int64) * s_oc + t[None, :] * s_ot, y, mask=mask)
+    mask = (c < C_out)[:, None] & ok[None, :]
+    if SPLIT:
+        mask = tl.where(last, mask, False)
+    tl.store(out_ptr + b_out * s_ob + c[:, None].to(tl.int64) * s_oc + t[None, :] * s_ot, y, mask=mask)
 
 
 @triton.jit
@@ -575,6 +623,28 @@ def _blocks(
     return block_co, max(1, reduce // slice_taps), block_t, 4
 
 
+def _flat(batch: int, n_out: int) -> bool:
+    """Whether a gathering call of ``batch`` rows of ``n_out`` outputs (a transposed conv's: inputs per phase) tiles
+    its rows' samples together (:data:`FLAT_ROWS`); a property of the call's shape, which ``sequence_tail`` reads to
+    skip the unfolded copy that such a call does not use."""
+    return batch >= FLAT_ROWS and n_out < FLAT_COLUMNS
+
+
+def _flat_blocks(rows: int, c_in: int, taps: int, columns: int, device: torch.device) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_CI, BLOCK_N, warps) of a flat call with ``rows`` output rows (a transposed conv's: channels ×
+    phases) and ``columns`` (row, sample) pairs: the widest of :data:`FLAT_TILES` that gives each SM a program
+    (split groups counted), with :data:`REDUCE`'s slices (the sums do not depend on either)."""
+    sm = _sm_count(device)
+    slice_taps = triton.next_power_of_2(taps)
+    n_groups = triton.cdiv(c_in, GROUP_REDUCE // slice_taps)
+    for tile in FLAT_TILES:
+        tiles = triton.cdiv(columns, tile[1]) * triton.cdiv(rows, tile[0])
+        if tiles * (n_groups if _split(n_groups, tiles, device) else 1) >= sm:
+            break
+    block_m, block_n, warps = tile
+    return block_m, max(1, REDUCE // slice_taps), block_n, warps
+
+
 def _transposed_blocks(
     c_out: int, c_in: int, taps: int, n_q: int, batch: int, stride: int, device: torch.device
 ) -> tuple[int, int, int, int, int]:
@@ -668,14 +738,16 @@ def _tap_major(c_in: int, k: int, dtype: torch.dtype, device: torch.device) -> b
 
 def _taps_blocks(c_out: int, c_in: int, n_out: int, batch: int, device: torch.device) -> tuple[int, int, int]:
     """(BLOCK_CO, BLOCK_CI, BLOCK_T) of a tap-major call.  The slice ``BLOCK_CI`` depends on the layer only (it orders
-    the sum); the tile is the widest that keeps the SMs busy: 64 samples for long calls, 16 for the shortest."""
+    the sum); the tile is the widest that keeps the SMs busy: 64 samples for long calls, 16 for the shortest, and
+    none wider than a row's outputs (a slab's rows of 32)."""
     block_co = 64 if c_out >= 64 else 16
     block_ci = 64 if c_in % 64 == 0 else 32
     rows = triton.cdiv(c_out, block_co) * batch
     sm = _sm_count(device)
-    if triton.cdiv(n_out, 64) * rows >= 8 * sm:
+    widest = max(16, triton.next_power_of_2(n_out))
+    if triton.cdiv(n_out, 64) * rows >= 8 * sm and widest >= 64:
         return block_co, block_ci, 64
-    return block_co, block_ci, 32 if triton.cdiv(n_out, 32) * rows >= sm else 16
+    return block_co, block_ci, 32 if triton.cdiv(n_out, 32) * rows >= sm and widest >= 32 else 16
 
 
 def _conv_taps(
@@ -862,14 +934,21 @@ def conv1d(
     if rh is out and _tap_major(c_in, k, dtype, x.device):
         return _conv_taps(x, weight, bias, alpha, out, padding, dilation, tanh, dtype, scratch)
     kp = triton.next_power_of_2(k)
-    block_co, block_ci, block_t, warps = _blocks(c_out, c_in, k, n_out, batch, 1, x.device)
+    flat = _flat(batch, n_out)
+    if flat:
+        block_co, block_ci, block_t, warps = _flat_blocks(c_out, c_in, k, batch * n_out, x.device)
+        grid = (triton.cdiv(batch * n_out, block_t), triton.cdiv(c_out, block_co), 1)
+    else:
+        block_co, block_ci, block_t, warps = _blocks(c_out, c_in, k, n_out, batch, 1, x.device)
+        grid = (triton.cdiv(n_out, block_t), triton.cdiv(c_out, block_co), batch)
     b_ptr, s_b = _bias_args(bias, weight)
-    grid = (triton.cdiv(n_out, block_t), triton.cdiv(c_out, block_co), batch)
     n_groups, group = _groups(c_in, block_ci, kp)
     split = _split(n_groups, math.prod(grid), x.device)
     parts, counts = _split_buffers(math.prod(grid), n_groups, block_co, block_t, x, scratch) if split else (out, out)
     a = weight if alpha is None else alpha.reshape(c_out)
-    if k == 1:  # the input's rows are the reduction's rows: dense operands without an unfolded copy
+    if flat:
+        dense = False
+    elif k == 1:  # the input's rows are the reduction's rows: dense operands without an unfolded copy
         dense = padding == 0 and x.stride(-1) == 1
     else:
         dense = _dense(batch, c_in * kp, n_out, dtype)
@@ -884,11 +963,11 @@ def conv1d(
         x, w, b_ptr, residual, rh, a, out, parts, counts,
         c_in, c_out, x.shape[-1] if dense else n, n_out, -padding, dilation, residual.shape[-1], H_r, residual_offset,
         n_groups, *x_args, *w_args, s_b, 0 if alpha is None else a.stride(0),
-        *residual.stride(), *rh.stride(), *out.stride(),
+        *residual.stride(), *rh.stride(), *out.stride(), batch,
         K=k, KP=kp, BLOCK_CO=block_co, BLOCK_CI=block_ci, BLOCK_T=block_t,
         HAS_BIAS=bias is not None, HAS_RES=rh is not out, TANH=tanh, SNAKE=alpha is not None, GROUP=group,
         SPLIT=split, COMPUTE=_TL_DTYPES[dtype], PRECISION=_precision(dtype), DENSE=dense, STAGES=DENSE_STAGES,
-        num_warps=warps,
+        FLAT=flat, num_warps=warps,
         enable_fp_fusion=alpha is None,  # Snake rounded as torch rounds it; the other epilogues as measured
     )  # fmt: skip
     return out
@@ -922,15 +1001,22 @@ def conv_transpose1d(
     mp = triton.next_power_of_2(triton.cdiv(k, stride))
     q_first = start // stride
     n_q = (start + length - 1) // stride - q_first + 1
-    block_co, phases, block_ci, block_q, warps = _transposed_blocks(c_out, c_in, mp, n_q, batch, stride, x.device)
+    flat = _flat(batch, n_q)
+    if flat:  # every phase of a channel in one program, as _transposed_blocks does for the DAC's strides
+        phases = stride & -stride
+        block_m, block_ci, block_q, warps = _flat_blocks(c_out * phases, c_in, mp, batch * n_q, x.device)
+        block_co = max(1, block_m // phases)
+        grid = (triton.cdiv(batch * n_q, block_q), triton.cdiv(c_out, block_co), stride // phases)
+    else:
+        block_co, phases, block_ci, block_q, warps = _transposed_blocks(c_out, c_in, mp, n_q, batch, stride, x.device)
+        grid = (triton.cdiv(n_q, block_q), triton.cdiv(c_out, block_co), batch * (stride // phases))
     b_ptr, s_b = _bias_args(bias, weight)
-    grid = (triton.cdiv(n_q, block_q), triton.cdiv(c_out, block_co), batch * (stride // phases))
     n_groups, group = _groups(c_in, block_ci, mp)
     split = _split(n_groups, math.prod(grid), x.device)
     parts, counts = (
         _split_buffers(math.prod(grid), n_groups, block_co * phases, block_q, x, scratch) if split else (out, out)
     )
-    dense = _dense(batch, c_in * mp, n_q, dtype)
+    dense = not flat and _dense(batch, c_in * mp, n_q, dtype)
     if dense:  # rows c mp + m: input c at q - m, for every phase
         x = _unfolded(x, mp, mp, q_first, -1, n_q, dtype, scratch=scratch)
         x_args = (x.stride(0), x.stride(1), 1)
@@ -940,11 +1026,11 @@ def conv_transpose1d(
     _conv_transpose_kernel[(grid[0], grid[1], grid[2] * (n_groups if split else 1))](
         x, w, b_ptr, out, parts, counts,
         c_in, c_out, x.shape[-1] if dense else n, stride, start, length, q_first, n_q, n_groups,
-        *x_args, w.stride(1), s_b, *out.stride(),
+        *x_args, w.stride(1), s_b, *out.stride(), batch,
         K=k, MP=mp, BLOCK_CO=block_co, PHASES=phases, BLOCK_CI=block_ci, BLOCK_Q=block_q,
         HAS_BIAS=bias is not None, GROUP=group, SPLIT=split, COMPUTE=_TL_DTYPES[dtype],
         PRECISION=_precision(dtype), DENSE=dense, STAGES=DENSE_STAGES, ALL_PHASES=phases == stride,
-        num_warps=warps,
+        FLAT=flat, num_warps=warps,
     )  # fmt: skip
     return out
 
@@ -1016,7 +1102,9 @@ def sequence_tail(
     channels_last = unfold is not None and len(unfold) == 2 and _tap_major(channels, unfold[0], out.dtype, out.device)
     layout = None if unfold is None or channels_last else _unfold_layout(unfold, length, out.dtype)
     if layout is not None and not (
-        _covered(layout, length) and _dense(batch, channels * layout[1], layout[4], out.dtype)
+        _covered(layout, length)
+        and _dense(batch, channels * layout[1], layout[4], out.dtype)
+        and not _flat(batch, layout[4])
     ):
         layout = None  # the conv unfolds the window itself
     k, kp, first, step, n_cols, _ = layout or (1, 1, 0, 0, 0, None)

@@ -277,15 +277,17 @@ def budget_table(steps: list[dict], slab: list[dict], joins: list[dict]) -> list
 
 
 def vocoder_config(text: str) -> dict:
-    """``--vocoder-configs``: ``NAME=V[,NAME=V]`` of integer constants of zonos_accel.triton.vocoder, or ``default``."""
+    """``--vocoder-configs``: ``NAME=V[,NAME=V]`` of constants of zonos_accel.triton.vocoder, each an int or a tuple of
+    ints written ``A:B:C`` (e.g. ``CHANNELS_LAST_TILE=64:1024:4``), or ``default``."""
     if text == "default":
         return {}
     config = {}
     for item in text.split(","):
         name, _, value = item.partition("=")
-        if not name.isupper() or not value.lstrip("-").isdigit():
-            raise argparse.ArgumentTypeError(f"expected NAME=INT[,NAME=INT] or 'default', got {text!r}")
-        config[name] = int(value)
+        parts = value.split(":")
+        if not name.isupper() or not all(p.lstrip("-").isdigit() for p in parts):
+            raise argparse.ArgumentTypeError(f"expected NAME=INT[:INT...][,NAME=...] or 'default', got {text!r}")
+        config[name] = int(value) if len(parts) == 1 else tuple(int(p) for p in parts)
     return config
 
 
@@ -321,7 +323,7 @@ def main() -> None:
 
             for config in args.vocoder_configs:
                 defaults = {name: getattr(kernels, name) for name in config}
-                label = ",".join(f"{k}={v}" for k, v in config.items()) or "default"
+                label = ",".join(f"{k}={v}" for k, v in config.items()).replace(" ", "") or "default"
                 print(f"slab with {label}", flush=True)
                 try:
                     for name, value in config.items():

@@ -882,20 +882,29 @@ def test_stream_equals_one_shot_bit_for_bit(real_size_codec, fp16, schedule):
     assert dec.graph_replays > 0
 
 
+# 24 streams, one per row, joining over the first three pushes at every frame of a push, 5 to 28 frames long (ends
+# known at the start or not): a slab's rows reach conv1's 128-channel flat tiles (FLAT_TILES).
+WIDE_PLANS = {i: (i, i % 3, i % 4, 5 + i, i % 2 == 0) for i in range(24)}
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("fp16", [True, False], ids=["fp16", "fp32"])
-def test_slab_rows_equal_one_shot_bit_for_bit(real_size_codec, fp16):
+@pytest.mark.parametrize("plans", ["PLANS", "WIDE_PLANS"])
+def test_slab_rows_equal_one_shot_bit_for_bit(real_size_codec, fp16, plans):
     """With the kernels, the streams of a :class:`~zonos.codec.slab.VocoderSlab` (joining at different pushes and
     frames within them, one reusing a drained row, garbage codes wherever no stream's frame is; eager pushes, then
-    the CUDA-graph replays of each bucket of rows) give each stream's one-shot decode bit for bit."""
-    from tests.test_slab import PLANS, _run_streams
+    the CUDA-graph replays of each bucket of rows; 4 rows, and 24 whose first layers tile rows together) give each
+    stream's one-shot decode bit for bit."""
+    from tests import test_slab
+    from tests.test_slab import _run_streams
     from zonos.codec.autoencoder import decode_precision
     from zonos.codec.slab import VocoderSlab
 
     codec = real_size_codec
-    slab = VocoderSlab(codec, rows=4, frames=4, fp16_autocast=fp16)
+    plans = test_slab.PLANS if plans == "PLANS" else WIDE_PLANS
+    slab = VocoderSlab(codec, rows=max(p[0] for p in plans.values()) + 1, frames=4, fp16_autocast=fp16)
     for seed in range(2):  # the second run replays the graphs the first captured
-        audio, codes = _run_streams(slab, PLANS, seed=seed)
+        audio, codes = _run_streams(slab, plans, seed=seed)
         for i, a in audio.items():
             with torch.no_grad(), decode_precision(a.device, fp16):
                 one_shot = codec.dac.decode(codes[i].cuda()).float()[0]

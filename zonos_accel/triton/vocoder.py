@@ -295,7 +295,9 @@ def _activate(y, a_ptr, s_a, co, co_ok, TANH: tl.constexpr, SNAKE: tl.constexpr,
     return y
 
 
-@triton.jit
+# The batch size is read only by FLAT calls (to find a column's row); unspecialized, it adds no compiles (Triton would
+# compile each kernel again for a batch of 1 and for batches that are multiples of 16: every slab bucket).
+@triton.jit(do_not_specialize=["batch"])
 def _conv_kernel(
     x_ptr, w_ptr, b_ptr, r_ptr, rh_ptr, a_ptr, out_ptr, part_ptr, count_ptr,
     C_in, C_out, T_x, n_out, offset, dilation, T_r, H_r, res_offset, n_groups,
@@ -379,7 +381,7 @@ def _conv_taps_kernel(
     tl.store(out_ptr + b.to(tl.int64) * s_ob + co[:, None].to(tl.int64) * s_oc + t[None, :] * s_ot, y, mask=mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["batch"])
 def _conv_transpose_kernel(
     x_ptr, w_ptr, b_ptr, out_ptr, part_ptr, count_ptr,
     C_in, C_out, T_x, stride, start, length, q_first, n_q, n_groups,

@@ -13,7 +13,10 @@ Real-size Zonos-v0.1-hybrid and DAC 44.1 kHz with random bf16 weights. Three tab
   GPU ms of the prefill pieces alone, per request;
 - real-time budget (with step and slab): per step bucket n, the step's GPU ms plus a frame's share of the slab's
   push of n rows, against one frame of audio (11.61 ms), and the joins per second the rest of the GPU's time
-  pays for (at the cheapest per-request join timed).
+  pays for (at the cheapest per-request join timed);
+- streams that fit (with step, slab and joins): what each stream costs per frame of audio (its slot's share of the
+  step, its slab row, its join spread over ``--request-frames``) against what is left of a frame after the step's
+  part that no stream pays for.
 
     python3 benchmarks/engine_parts.py [--buckets 1 8 64 128 256] [--rows 1 16 64 256] [--frames 1 16]
                                      [--parts join step vocoder slab]
@@ -276,6 +279,33 @@ def budget_table(steps: list[dict], slab: list[dict], joins: list[dict]) -> list
     return out
 
 
+def capacity_table(steps: list[dict], slab: list[dict], joins: list[dict], request_frames: int) -> list[dict]:
+    """Streams that fit one frame of audio per frame, from what each stream costs: the step's growth per slot and
+    its part that no stream pays for (a least-squares line through the buckets of 8 slots or more), its slab row
+    (per row-frame at the slab's most rows and frames), and its join spread over a request's frames, at the
+    cheapest and the costliest per-request join timed."""
+    points = [(r["slots"], r["GPU ms"]) for r in steps if r["slots"] >= 8]
+    frames = max(r["frames"] for r in slab)
+    widest = max((r for r in slab if r["frames"] == frames), key=lambda r: r["rows"])
+    if len(points) < 2 or not joins:
+        return []
+    n = len(points)
+    mx, my = sum(x for x, _ in points) / n, sum(y for _, y in points) / n
+    per_slot = sum((x - mx) * (y - my) for x, y in points) / sum((x - mx) ** 2 for x, _ in points)
+    fixed = my - per_slot * mx
+    row = widest["GPU ms"] / (widest["rows"] * frames)
+    budget = 1e3 * 512 / 44100
+    out = []
+    for label, join in (("cheapest", min(joins, key=lambda r: r["GPU ms per request"])),
+                        ("costliest", max(joins, key=lambda r: r["GPU ms per request"]))):  # fmt: skip
+        per = per_slot + row + join["GPU ms per request"] / request_frames
+        out.append({"join": f"{label} ({join['requests']} at once)", "fixed step ms": round(fixed, 3),
+                    "step ms per slot": round(per_slot, 4), "slab ms per row-frame": round(row, 4),
+                    "join ms per request": join["GPU ms per request"], "ms per stream-frame": round(per, 4),
+                    "streams that fit": int((budget - fixed) / per)})  # fmt: skip
+    return out
+
+
 def vocoder_config(text: str) -> dict:
     """``--vocoder-configs``: ``NAME=V[,NAME=V]`` of constants of zonos_accel.triton.vocoder, each an int or a tuple of
     ints written ``A:B:C`` (e.g. ``CHANNELS_LAST_TILE=64:1024:4``), or ``default``."""
@@ -303,6 +333,7 @@ def main() -> None:
                     help="the slab's layers: our kernels, or the torch references (cuDNN convs)")  # fmt: skip
     ap.add_argument("--kernel-shares", action="store_true", help="print each slab push's costliest kernels")
     ap.add_argument("--layer-times", action="store_true", help="print each slab push's GPU time per conv layer")
+    ap.add_argument("--request-frames", type=int, default=300, help="frames per request, for the streams that fit")
     ap.add_argument("--vocoder-configs", type=vocoder_config, nargs="+", default=[{}], metavar="NAME=V[,NAME=V]",
                     help="slab: a run with each set of zonos_accel.triton.vocoder constants (e.g. FLAT_ROWS=1000000 "
                     "TAP_MAJOR_CHANNELS=192; 'default': as they are)")  # fmt: skip
@@ -336,9 +367,11 @@ def main() -> None:
                         setattr(kernels, name, value)
     first = [r for r in slab if r["ops"] == args.slab_ops[0] and r["constants"] == slab[0]["constants"]]
     budget = budget_table(steps, first, joins) if steps and slab else []
+    fit = capacity_table(steps, first, joins, args.request_frames) if steps and slab else []
     for rows, title in ((steps, "decode step over n slots (2n rows)"), (vocoder, "streaming vocoder push, b streams "
                         "together"), (slab, "vocoder slab push, b rows"), (joins, "join"),
-                        (budget, "real-time budget: step + slab per frame against 11.61 ms of audio")):  # fmt: skip
+                        (budget, "real-time budget: step + slab per frame against 11.61 ms of audio"),
+                        (fit, f"streams that fit (joins over {args.request_frames} frames a request)")):  # fmt: skip
         if rows:
             print(table(rows, title))
 

@@ -1,6 +1,6 @@
 """What each part of the engine's work costs on the GPU as the number of streams grows.
 
-Real-size Zonos-v0.1-hybrid and DAC 44.1 kHz with random bf16 weights. Three tables:
+Real-size Zonos-v0.1-hybrid and DAC 44.1 kHz with random bf16 weights. Tables:
 
 - decode step: GPU ms of the engine's captured step over the first ``n`` slots (2n backbone rows, KV length
   ``--kv``), its kernels, and its byte floor (weights once, each row's SSM/conv state read and written, its KV

@@ -177,8 +177,8 @@ def slab_table(
     g = torch.Generator("cuda").manual_seed(1)
     for f in frames:
         for b in rows:
-            layers = torch_layer_ops(codec) if ops == "torch" else contextlib.nullcontext()
-            with layers, torch.cuda.stream(side):
+            references = torch_layer_ops(codec) if ops == "torch" else contextlib.nullcontext()
+            with references, torch.cuda.stream(side):
                 slab = VocoderSlab(codec, rows=b, frames=f)
                 for r in range(b):
                     slab.admit(r, -(r % f) - 8 * f)  # rows at every phase, ramping up then steady
@@ -285,10 +285,10 @@ def capacity_table(steps: list[dict], slab: list[dict], joins: list[dict], reque
     (per row-frame at the slab's most rows and frames), and its join spread over a request's frames, at the
     cheapest and the costliest per-request join timed."""
     points = [(r["slots"], r["GPU ms"]) for r in steps if r["slots"] >= 8]
-    frames = max(r["frames"] for r in slab)
-    widest = max((r for r in slab if r["frames"] == frames), key=lambda r: r["rows"])
     if len(points) < 2 or not joins:
         return []
+    frames = max(r["frames"] for r in slab)
+    widest = max((r for r in slab if r["frames"] == frames), key=lambda r: r["rows"])
     n = len(points)
     mx, my = sum(x for x, _ in points) / n, sum(y for _, y in points) / n
     per_slot = sum((x - mx) * (y - my) for x, y in points) / sum((x - mx) ** 2 for x, _ in points)

@@ -429,16 +429,15 @@ def _conv_transpose_kernel(
     column = tl.program_id(0) * BLOCK_Q + j // PHASES
     if FLAT:
         b_out = tl.minimum(column // n_q, batch - 1).to(tl.int64)[None, :]
-        t = (q_first + column % n_q) * stride + first_phase + j % PHASES - start
-        ok = (column < batch * n_q) & (t >= 0) & (t < length)
+        q_out, in_range = column % n_q, column < batch * n_q
     else:
         b_out = b
-        q0 = q_first + tl.program_id(0) * BLOCK_Q
-        if ALL_PHASES:
-            t = q0 * stride - start + j
-        else:
-            t = (q0 + j // PHASES) * stride + first_phase + j % PHASES - start
-        ok = (column < n_q) & (t >= 0) & (t < length)
+        q_out, in_range = column, column < n_q
+    if ALL_PHASES and not FLAT:  # the same samples, written so that Triton sees contiguous rows
+        t = (q_first + tl.program_id(0) * BLOCK_Q) * stride - start + j
+    else:
+        t = (q_first + q_out) * stride + first_phase + j % PHASES - start
+    ok = in_range & (t >= 0) & (t < length)
     c = tl.program_id(1) * BLOCK_CO + tl.arange(0, BLOCK_CO)
     mask = (c < C_out)[:, None] & ok[None, :]
     if SPLIT:
@@ -626,9 +625,9 @@ def _blocks(
 
 
 def _flat(batch: int, n_out: int) -> bool:
-    """Whether a gathering call of ``batch`` rows of ``n_out`` outputs (a transposed conv's: inputs per phase) tiles
-    its rows' samples together (:data:`FLAT_ROWS`); a property of the call's shape, which ``sequence_tail`` reads to
-    skip the unfolded copy that such a call does not use."""
+    """Whether a call of ``batch`` rows of ``n_out`` outputs (a transposed conv's: inputs per phase) tiles its rows'
+    samples together, gathering (:data:`FLAT_ROWS`); a property of the call's shape, which ``sequence_tail`` reads
+    to skip the unfolded copy that such a call does not use."""
     return batch >= FLAT_ROWS and n_out < FLAT_COLUMNS
 
 

@@ -64,7 +64,7 @@ def use_ops(model, kind: str, cuda_graphs: bool = True) -> None:
     ``triton``: every Triton fast path (mamba_ssm's and ours, ours launched with programmatic dependent launch);
     ``triton-nopdl``: the same without PDL; ``triton+gemv``: the Triton paths plus the CuTeDSL GEMV for the
     decode projections (``use_cute_gemv``); ``+sampler``: plus the fused sampler (``fused_sampling``); ``+mamba``:
-    plus each Mamba2 layer's decode step between its projections as one kernel (``fused_mamba_step``). The next
+    plus each Mamba2 block's decode step in three fused kernels (``fused_mamba_step``). The next
     request runs it (and captures its graphs)."""
     from zonos_accel.triton import pdl
 

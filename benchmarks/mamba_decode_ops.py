@@ -1,11 +1,14 @@
 """The decode step's Mamba2 ops at Zonos-v0.1-hybrid shapes: our Triton state update (``ssd_step``) and gated
-RMSNorm against mamba_ssm's kernels (when importable) and the torch references, in one run.
+RMSNorm against mamba_ssm's kernels (when importable) and the torch references; and a whole Mamba2 block's step
+(``mamba_block_step``: add + LayerNorm, in_proj, conv, state update, gated norm, out_proj) fused in three kernels
+against the op-by-op path with cuBLAS and with the CuTeDSL GEMV, and against its byte floor; in one run.
 
-As in a decode step, one CUDA graph runs the op once per Mamba2 layer (34), each on its own state / inputs, so
-the states are as cold as in the step (34 × the state is past the 60 MB L2 from batch 2 on); the time is the
-median CUDA-event time of a replay divided by 34. Each row checks the result against float64.
+As in a decode step, one CUDA graph runs the op once per Mamba2 layer (34), each on its own state / inputs (and, for
+the block, its own weights), so the states and weights are as cold as in the step (34 × the state is past the 60 MB
+L2 from batch 2 on); the time is the median CUDA-event time of a replay divided by 34. Each row checks the result
+against float64.
 
-    source .device/activate.sh && python3 benchmarks/mamba_decode_ops.py [--batches 1,2,16,512]
+    source .device/activate.sh && python3 benchmarks/mamba_decode_ops.py [--batches 1,2,16,512] [--rows 1,2,8,16]
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import sys
 import traceback
 
 import torch
-from gpu import environment, event_times, report
+from gpu import environment, event_times, read_bandwidth_gbs, report
 
 from zonos import ops
 
@@ -128,18 +131,90 @@ def bench_norm(batches, repeat) -> list[list]:
     return rows
 
 
+def block_impls() -> dict:
+    """name -> a ``mamba_block_step``: op by op on the Triton ops with cuBLAS projections, the same with the CuTeDSL
+    GEMV, and the three fused kernels."""
+    from zonos.ops.backend import REFERENCE
+    from zonos_accel.triton import DEFAULT_OPS, FUSED_MAMBA_OPS, triton_backend
+    from zonos_accel.triton.mamba_block import mamba_block_step
+
+    op_by_op = triton_backend(REFERENCE)
+    impls = {"op by op, cuBLAS": op_by_op.mamba_block_step}
+    try:
+        from zonos_accel.gemv import cute_gemv_backend
+
+        impls["op by op, CuTeDSL GEMV"] = cute_gemv_backend(op_by_op).mamba_block_step
+    except (ImportError, RuntimeError) as e:
+        print(f"CuTeDSL GEMV left out: {e}", file=sys.stderr)
+    fused = triton_backend(REFERENCE, DEFAULT_OPS + FUSED_MAMBA_OPS).op("mamba_block_step")
+    assert fused.fused.fast is mamba_block_step  # what use_accelerators(fused_mamba_step=True) serves
+    impls["fused (3 kernels)"] = mamba_block_step
+    return impls
+
+
+def block_args(b: int, seed: int) -> dict:
+    """One Mamba2 block's step arguments at real size in bf16 (weights scaled so activations stay O(1))."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+
+    def randn(*shape, scale=1.0):
+        return (scale * torch.randn(*shape, device="cuda", generator=gen)).to(torch.bfloat16)
+
+    d, h, p, n, k = 2048, HEADS, HEADDIM, STATE, 4
+    conv_dim = D_INNER + 2 * n
+    return dict(
+        hidden=randn(b, d), residual=randn(b, d), norm_weight=1 + randn(d, scale=0.1), norm_bias=randn(d, scale=0.1),
+        norm_eps=1e-5, in_weight=randn(D_INNER + conv_dim + h, d, scale=d**-0.5), conv_state=randn(b, conv_dim, k),
+        conv_weight=randn(conv_dim, 1, k, scale=0.5), conv_bias=randn(conv_dim, scale=0.1),
+        ssm_state=randn(b, h, p, n), A=-torch.rand(h, device="cuda", generator=gen) * 8, D=randn(h),
+        dt_bias=randn(h) - 3, gate_weight=1 + randn(D_INNER, scale=0.1), gate_eps=1e-5,
+        out_weight=randn(d, D_INNER, scale=D_INNER**-0.5),
+    )  # fmt: skip
+
+
+def bench_block(rows_list, repeat, bandwidth) -> list[list]:
+    rows = []
+    for b in rows_list:
+        layers = [block_args(b, seed) for seed in range(LAYERS)]
+        weights = sum(layers[0][key].numel() * 2 for key in ("in_weight", "out_weight"))
+        state = 2 * sum(layers[0][key].numel() * 2 for key in ("conv_state", "ssm_state"))  # read and written
+        floor_us = (weights + state) / bandwidth * 1e6
+        for name, fn in block_impls().items():
+            try:
+                ms = per_call_ms([lambda a=a, fn=fn: fn(**a) for a in layers], repeat)
+                args = block_args(b, 0)
+                ref = ops.mamba_block_step(**{k: v.double() if torch.is_tensor(v) else v for k, v in args.items()})
+                out, _ = fn(**args)
+                rows.append([b, name, f"{ms * 1e3:.2f}", f"{ms * 1e3 / floor_us:.2f}", f"{rel(out, ref[0]):.2e}"])
+            except Exception:
+                traceback.print_exc()
+                rows.append([b, name, "failed", "", ""])
+        del layers
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batches", default="1,2,16,512")
+    parser.add_argument("--rows", default="1,2,8,16", help="rows (batch × CFG) of the whole-block table")
     parser.add_argument("--repeat", type=int, default=50)
+    parser.add_argument("--parts", default="state,norm,block", help="tables to print: state, norm, block")
     args = parser.parse_args()
     batches = [int(v) for v in args.batches.split(",")]
+    parts = set(args.parts.split(","))
     print(environment())
-    rows = bench_state_update(batches, args.repeat)
-    header = ["batch", "impl", "us", "y rel L2", "state rel L2"]
-    print(report("ssd_step (state update, dt bias + softplus, D), per layer", header, rows))
-    rows = bench_norm(batches, args.repeat)
-    print(report("gated_rms_norm (d_inner 4096, one group), per layer", ["rows", "impl", "us", "rel L2"], rows))
+    if "state" in parts:
+        rows = bench_state_update(batches, args.repeat)
+        header = ["batch", "impl", "us", "y rel L2", "state rel L2"]
+        print(report("ssd_step (state update, dt bias + softplus, D), per layer", header, rows))
+    if "norm" in parts:
+        rows = bench_norm(batches, args.repeat)
+        print(report("gated_rms_norm (d_inner 4096, one group), per layer", ["rows", "impl", "us", "rel L2"], rows))
+    if "block" in parts:
+        bandwidth = read_bandwidth_gbs() * 1e9
+        rows = bench_block([int(v) for v in args.rows.split(",")], args.repeat, bandwidth)
+        title = (f"mamba_block_step, per layer (floor: weights once, conv and SSM state read and written, at "
+                 f"{bandwidth / 1e9:.0f} GB/s)")  # fmt: skip
+        print(report(title, ["rows", "impl", "us", "x floor", "rel L2"], rows))
 
 
 if __name__ == "__main__":

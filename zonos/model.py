@@ -174,9 +174,10 @@ class Zonos(UsesOps, nn.Module):
         asked for, the CuTeDSL scan is on with the fast ops where nvidia-cutlass-dsl is installed).
         ``fused_sampling``: the decode step's per-row sampling as one Triton launch instead of 66-79 torch
         kernels, and its EOS bookkeeping as one more instead of 30 (one of the fast ops, so None follows them: on an
-        H200 the step takes 1.913 ms against 2.071 without it). ``fused_mamba_step``: each Mamba2 layer's decode step
-        between its projections (conv step, state update, gated RMSNorm) as one Triton kernel instead of three
-        (one of the fast ops; off by default: 2.261 against 2.197 ms per step on an H100).
+        H200 the step takes 1.913 ms against 2.071 without it). ``fused_mamba_step``: each Mamba2 block's decode step
+        (add + LayerNorm, in_proj, conv step, state update, gated RMSNorm, out_proj) as three Triton kernels instead
+        of six to eight, for decodes of up to 16 rows (batch × CFG; larger ones run op by op). One of the fast ops;
+        off by default until it is timed against the op-by-op step. It replaces those projections' CuTeDSL GEMV.
         Takes effect at the next decode step (it waits for the running one); captured graphs are keyed by the
         backend, so the next step captures the new backend's. Other models in the process are unaffected.
 

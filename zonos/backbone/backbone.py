@@ -48,11 +48,11 @@ class Block(UsesOps, nn.Module):
         return self._mlp(hidden, residual)
 
     def step(self, hidden, residual, cache, position: torch.Tensor):
-        normed, residual = _add_norm(self.ops, hidden, residual, self.norm)
         if isinstance(self.mixer, Attention):
+            normed, residual = _add_norm(self.ops, hidden, residual, self.norm)
             hidden = self.mixer.step(normed, cache, position)
-        else:
-            hidden = self.mixer.step(normed, cache)
+        else:  # the Mamba2 mixer's step takes the norm in, so one op can serve the block
+            hidden, residual = self.mixer.step(hidden, residual, self.norm, cache)
         return self._mlp(hidden, residual)
 
 

@@ -14,25 +14,19 @@ from zonos.ops.precision import compute_dtype
 
 
 class Mamba2Cache:
-    """Per-layer decode cache: the last ``d_conv`` conv inputs and the SSM state (fixed addresses), and the
-    ``tickets`` a fused decode step counts its programs with (zeros between steps: the kernel that counts leaves
-    them so, which saves it a memset per launch; None allocates them per call)."""
+    """Per-layer decode cache: the last ``d_conv`` conv inputs and the SSM state (fixed addresses)."""
 
-    def __init__(self, conv: torch.Tensor, ssm: torch.Tensor, tickets: torch.Tensor | None = None):
+    def __init__(self, conv: torch.Tensor, ssm: torch.Tensor):
         self.conv = conv  # (b, conv_dim, d_conv)
         self.ssm = ssm  # (b, heads, headdim, d_state)
-        self.tickets = tickets  # (b, groups) int32
 
     def rows(self, start: int, stop: int) -> Mamba2Cache:
         """Rows ``start .. stop`` as a cache of their own (views)."""
-        tickets = None if self.tickets is None else self.tickets[start:stop]
-        return Mamba2Cache(self.conv[start:stop], self.ssm[start:stop], tickets)
+        return Mamba2Cache(self.conv[start:stop], self.ssm[start:stop])
 
     def zero_(self) -> None:
         self.conv.zero_()
         self.ssm.zero_()
-        if self.tickets is not None:
-            self.tickets.zero_()
 
 
 class Mamba2Mixer(UsesOps, nn.Module):
@@ -112,7 +106,6 @@ class Mamba2Mixer(UsesOps, nn.Module):
         return Mamba2Cache(
             torch.zeros(batch_size, self.conv_dim, self.d_conv, device=device, dtype=dtype),
             torch.zeros(batch_size, self.nheads, self.headdim, self.d_state, device=device, dtype=dtype),
-            torch.zeros(batch_size, self.ngroups, device=device, dtype=torch.int32),
         )
 
     def _split(self, zxbcdt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -158,16 +151,22 @@ class Mamba2Mixer(UsesOps, nn.Module):
         cache.ssm.copy_(final)
         return self._out(y.reshape(b, l, self.d_inner), z)
 
-    def step(self, u: torch.Tensor, cache: Mamba2Cache) -> torch.Tensor:
-        """One token (b, 1, d) → (b, 1, d), updating the cache in place (no host work, graph-safe)."""
-        z, xbc, dt = self._split(self.ops.linear(u[:, 0], self.in_proj.weight))
-        y = self.ops.mamba_step_tail(
-            cache.conv, xbc, self.conv1d.weight, self.conv1d.bias, cache.ssm,
-            dt,  # softplus(dt + dt_bias) inside the op, as _dt_A computes it for prefill
-            self.A.to(compute_dtype(dt.dtype)), self.D, self.dt_bias, z, self.norm.weight, self.norm_eps,
-            tickets=cache.tickets,
+    def step(
+        self, hidden: torch.Tensor, residual: torch.Tensor | None, norm: nn.LayerNorm, cache: Mamba2Cache
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One token of the block around this mixer: residual ← hidden + residual, ``norm`` (the block's
+        pre-norm), then the mixer; ``hidden`` and ``residual`` (b, 1, d). Returns (output, residual), both
+        (b, 1, d), and updates the cache in place (no host work, graph-safe). One op
+        (``mamba_block_step``), so a fused kernel can serve the whole block."""
+        b, _, d = hidden.shape
+        out, residual = self.ops.mamba_block_step(
+            hidden.reshape(b, d), None if residual is None else residual.reshape(b, d),
+            norm.weight, norm.bias, norm.eps, self.in_proj.weight,
+            cache.conv, self.conv1d.weight, self.conv1d.bias, cache.ssm,
+            self.A.to(compute_dtype(hidden.dtype)), self.D, self.dt_bias,  # softplus(dt + dt_bias) inside the op
+            self.norm.weight, self.norm_eps, self.out_proj.weight,
         )  # fmt: skip
-        return self.ops.linear(y, self.out_proj.weight)[:, None]
+        return out[:, None], residual[:, None]
 
 
 def _refresh_A_after_load(mixer: Mamba2Mixer, incompatible_keys) -> None:

@@ -9,7 +9,7 @@ from zonos.ops.attention import decode_attention, prefill_attention
 from zonos.ops.conv import causal_conv1d, conv_step
 from zonos.ops.embedding import codebook_rows, embedding_sum
 from zonos.ops.linear import linear
-from zonos.ops.mamba_step import mamba_step_tail
+from zonos.ops.mamba_step import mamba_block_step, mamba_step_tail
 from zonos.ops.norms import add_layer_norm, gated_rms_norm
 from zonos.ops.precision import compute_dtype
 from zonos.ops.rotary import apply_rotary, rotary_cos_sin, rotary_qk, rotate_and_cache
@@ -32,6 +32,7 @@ __all__ = [
     "finish_rows",
     "gated_rms_norm",
     "linear",
+    "mamba_block_step",
     "mamba_step_tail",
     "prefill_attention",
     "rotary_cos_sin",

@@ -10,7 +10,9 @@ captured CUDA graphs are keyed by the backend object they replay.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch.nn as nn
 
@@ -19,8 +21,14 @@ from zonos.ops.attention import decode_attention, prefill_attention
 from zonos.ops.conv import causal_conv1d, conv_step
 from zonos.ops.embedding import codebook_rows, embedding_sum
 from zonos.ops.linear import linear
-from zonos.ops.mamba_step import PARTS as STEP_TAIL_PARTS
-from zonos.ops.mamba_step import compose_step_tail, mamba_step_tail
+from zonos.ops.mamba_step import (
+    BLOCK_PARTS,
+    PARTS,
+    compose_block_step,
+    compose_step_tail,
+    mamba_block_step,
+    mamba_step_tail,
+)
 from zonos.ops.norms import add_layer_norm, gated_rms_norm
 from zonos.ops.precision import compute_dtype
 from zonos.ops.rotary import rotate_and_cache
@@ -43,6 +51,7 @@ _REFERENCE_OPS: dict[str, Callable] = {
         finish_rows,
         gated_rms_norm,
         linear,
+        mamba_block_step,
         mamba_step_tail,
         prefill_attention,
         rotate_and_cache,
@@ -55,6 +64,32 @@ _REFERENCE_OPS: dict[str, Callable] = {
     )
 }
 OP_NAMES = tuple(sorted(_REFERENCE_OPS))
+# Composite ops: name -> (the ops it is made of, the function composing them), parts before the ops made of them.
+COMPOSITES: dict[str, tuple[tuple[str, ...], Callable]] = {
+    "mamba_step_tail": (PARTS, compose_step_tail),
+    "mamba_block_step": (BLOCK_PARTS, compose_block_step),
+}
+
+
+@dataclass(frozen=True)
+class Fused:
+    """A fused kernel for a composite op, serving the calls ``fits`` accepts (same arguments as the op); the backend
+    runs the composition of its own parts for the rest (e.g. batches too large for a GEMV), so later replacements
+    of a part still reach them."""
+
+    fast: Callable
+    fits: Callable[..., bool]
+
+
+def _serve(fused: Fused, composed: Callable) -> Callable:
+    @functools.wraps(composed)
+    def op(*args, **kwargs):
+        if fused.fits(*args, **kwargs):
+            return fused.fast(*args, **kwargs)
+        return composed(*args, **kwargs)
+
+    op.fused = fused
+    return op
 
 
 class Backend:
@@ -66,27 +101,46 @@ class Backend:
 
     compute_dtype = staticmethod(compute_dtype)
 
-    def __init__(self, name: str, ops: dict[str, Callable]):
+    def __init__(
+        self,
+        name: str,
+        ops: dict[str, Callable],
+        composed: frozenset[str] = frozenset(COMPOSITES),
+        fused: dict[str, Fused] | None = None,
+    ):
+        """``ops``: every op's function; ``composed``: the composite ops (:data:`COMPOSITES`) to build of their
+        parts in ``ops`` (their entries there are ignored), each served by its :class:`Fused` kernel in ``fused``
+        where it fits."""
         missing = set(OP_NAMES) - set(ops)
         unknown = set(ops) - set(OP_NAMES)
         if missing or unknown:
             raise ValueError(f"a backend needs exactly the ops {list(OP_NAMES)}; missing {missing}, unknown {unknown}")
         self.name = name
         self._ops = dict(ops)
-        for op, fn in ops.items():
+        self._composed = frozenset(composed)
+        self._fused = dict(fused or {})
+        for op, (parts, compose) in COMPOSITES.items():
+            if op in self._composed:
+                self._ops[op] = compose(*(self._ops[part] for part in parts))
+                if op in self._fused:
+                    self._ops[op] = _serve(self._fused[op], self._ops[op])
+        for op, fn in self._ops.items():
             setattr(self, op, fn)
 
-    def replace(self, name: str, **ops: Callable) -> Backend:
-        """A new backend with some ops replaced (the others as in this one). ``mamba_step_tail``, unless given,
-        is composed anew of the new backend's ``conv_step``, ``ssd_step`` and ``gated_rms_norm`` when any of
-        those is replaced (so a backend with fast parts runs them inside the step tail too)."""
+    def replace(self, name: str, **ops: Callable | Fused) -> Backend:
+        """A new backend with some ops replaced (the others as in this one). A composite op (``mamba_step_tail``,
+        ``mamba_block_step``) given as a function is that function from then on; given as a :class:`Fused`, it
+        runs that kernel where it fits; otherwise it is composed anew of the new backend's parts (so a backend with
+        fast parts runs them inside the composite too)."""
         unknown = set(ops) - set(OP_NAMES)
         if unknown:
             raise ValueError(f"unknown op(s) {sorted(unknown)}; known: {list(OP_NAMES)}")
-        merged = {**self._ops, **ops}
-        if "mamba_step_tail" not in ops and any(part in ops for part in STEP_TAIL_PARTS):
-            merged["mamba_step_tail"] = compose_step_tail(*(merged[part] for part in STEP_TAIL_PARTS))
-        return Backend(name, merged)
+        plain = {op: fn for op, fn in ops.items() if not isinstance(fn, Fused)}
+        fused = {op: fn for op, fn in ops.items() if isinstance(fn, Fused)}
+        if set(fused) - set(COMPOSITES):
+            raise ValueError(f"only composite ops ({list(COMPOSITES)}) take a Fused kernel, not {sorted(fused)}")
+        kept = {op: f for op, f in self._fused.items() if op not in plain}
+        return Backend(name, {**self._ops, **plain}, self._composed - set(plain), {**kept, **fused})
 
     def op(self, name: str) -> Callable:
         """The function behind op ``name``."""

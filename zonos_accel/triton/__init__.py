@@ -23,6 +23,7 @@ not on a CUDA device still run the reference.
 | ``sequence_tail`` | a streaming layer's next history, in place | ours (:mod:`.vocoder`) |
 | ``sample_rows`` | per-row sampling, one launch (opt-in: not in :data:`DEFAULT_OPS`) | ours (:mod:`.sampler`) |
 | ``finish_rows`` | the step's EOS bookkeeping and column write, one launch (opt-in too) | ours (:mod:`.sampler`) |
+| ``mamba_block_step`` | a Mamba2 block's decode step, three launches, ≤ 16 rows (opt-in) | ours (:mod:`.mamba_block`) |
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import importlib
 
 import torch
 
-from zonos.ops.backend import REFERENCE, Backend
+from zonos.ops.backend import COMPOSITES, REFERENCE, Backend, Fused
 from zonos_accel.triton.mamba import INSTALL_HINT, mamba_module
 
 # op -> (module, the mamba_ssm part it needs or None). Ours need triton alone; mamba_ssm's are optional.
@@ -54,15 +55,15 @@ _SOURCES = {
     "sequence_tail": ("zonos_accel.triton.vocoder", None),
     "sample_rows": ("zonos_accel.triton.sampler", None),
     "finish_rows": ("zonos_accel.triton.sampler", None),
-    "mamba_step_tail": ("zonos_accel.triton.mamba_step", None),
+    "mamba_block_step": ("zonos_accel.triton.mamba_block", None),
 }
 OPS = tuple(_SOURCES)
 # What triton_backend runs by default: all but the fused sampling and step bookkeeping, which
 # ``Zonos.use_accelerators`` adds unless ``fused_sampling=False`` (a backend built here compares without them).
 FUSED_SAMPLING_OPS = ("sample_rows", "finish_rows")
-# The Mamba2 decode step between its projections as one kernel (``use_accelerators(fused_mamba_step=True)``): opt-in,
-# slower than the three kernels it replaces (docs/BENCHMARKS.md, decisions: fused_mamba_step).
-FUSED_MAMBA_OPS = ("mamba_step_tail",)
+# A Mamba2 block's decode step in three kernels (``use_accelerators(fused_mamba_step=True)``): opt-in until it is timed
+# against the op-by-op step (docs/BENCHMARKS.md, decisions: fused_mamba_step).
+FUSED_MAMBA_OPS = ("mamba_block_step",)
 DEFAULT_OPS = tuple(op for op in OPS if op not in FUSED_SAMPLING_OPS + FUSED_MAMBA_OPS)
 
 
@@ -99,6 +100,9 @@ def triton_backend(base: Backend = REFERENCE, names: tuple[str, ...] = DEFAULT_O
     fast = {}
     for name in names:
         try:
+            if name in COMPOSITES:  # a fused kernel where it fits, the composition of the backend's parts elsewhere
+                fast[name] = Fused(fast_op(name), importlib.import_module(_SOURCES[name][0]).fits)
+                continue
             fast[name] = _on_cuda(fast_op(name), base.op(name))
         except ImportError:
             if _SOURCES[name][1] is None:

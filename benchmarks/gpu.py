@@ -56,15 +56,15 @@ def read_bandwidth_gbs(gib: int = 4) -> float:
 
 
 OPS_KINDS = ("torch", "triton", "triton-nopdl", "triton+gemv", "triton+sampler", "triton+gemv+sampler",
-             "triton+sampler+mamba", "triton+gemv+sampler+mamba")  # fmt: skip
+             "triton+sampler+blocks", "triton+gemv+sampler+blocks")  # fmt: skip
 
 
 def use_ops(model, kind: str, cuda_graphs: bool = True) -> None:
     """Give ``model`` the op backend ``kind`` through ``use_accelerators``: ``torch``: the reference ops;
     ``triton``: every Triton fast path (mamba_ssm's and ours, ours launched with programmatic dependent launch);
     ``triton-nopdl``: the same without PDL; ``triton+gemv``: the Triton paths plus the CuTeDSL GEMV for the
-    decode projections (``use_cute_gemv``); ``+sampler``: plus the fused sampler (``fused_sampling``); ``+mamba``:
-    plus each Mamba2 block's decode step in three fused kernels (``fused_mamba_step``). The next
+    decode projections (``use_cute_gemv``); ``+sampler``: plus the fused sampler (``fused_sampling``); ``+blocks``:
+    plus every block's decode step through fused GEMVs (``fused_blocks``). The next
     request runs it (and captures its graphs)."""
     from zonos_accel.triton import pdl
 
@@ -76,7 +76,7 @@ def use_ops(model, kind: str, cuda_graphs: bool = True) -> None:
         cuda_graphs=cuda_graphs,
         use_cute_gemv="+gemv" in kind,
         fused_sampling="+sampler" in kind,
-        fused_mamba_step="+mamba" in kind,
+        fused_blocks="+blocks" in kind,
     )
 
 

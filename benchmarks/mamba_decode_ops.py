@@ -135,7 +135,7 @@ def block_impls() -> dict:
     """name -> a ``mamba_block_step``: op by op on the Triton ops with cuBLAS projections, the same with the CuTeDSL
     GEMV, and the three fused kernels."""
     from zonos.ops.backend import REFERENCE
-    from zonos_accel.triton import DEFAULT_OPS, FUSED_MAMBA_OPS, triton_backend
+    from zonos_accel.triton import DEFAULT_OPS, FUSED_BLOCK_OPS, triton_backend
     from zonos_accel.triton.mamba_block import mamba_block_step
 
     op_by_op = triton_backend(REFERENCE)
@@ -146,8 +146,8 @@ def block_impls() -> dict:
         impls["op by op, CuTeDSL GEMV"] = cute_gemv_backend(op_by_op).mamba_block_step
     except (ImportError, RuntimeError) as e:
         print(f"CuTeDSL GEMV left out: {e}", file=sys.stderr)
-    fused = triton_backend(REFERENCE, DEFAULT_OPS + FUSED_MAMBA_OPS).op("mamba_block_step")
-    assert fused.fused.fast is mamba_block_step  # what use_accelerators(fused_mamba_step=True) serves
+    fused = triton_backend(REFERENCE, DEFAULT_OPS + FUSED_BLOCK_OPS).op("mamba_block_step")
+    assert fused.fused.fast is mamba_block_step  # what use_accelerators(fused_blocks=True) serves
     impls["fused (3 kernels)"] = mamba_block_step
     return impls
 

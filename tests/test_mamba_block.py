@@ -1,7 +1,7 @@
 """The fused Mamba2 block decode step (zonos_accel/triton/mamba_block.py: add + LayerNorm + in_proj + conv step,
 state update + gate, gated RMSNorm + out_proj in three kernels) against its reference, ``zonos.ops.mamba_block_step``
-(the reference ops composed), evaluated in float64; the backend rule that composes composite ops of a backend's parts
-and serves a fused kernel only where it fits; and whole generations with the fused step.
+(the reference ops composed), evaluated in float64; and the backend rule that composes composite ops of a backend's
+parts and serves a fused kernel only where it fits. Whole generations with it: tests/test_fused_blocks.py.
 
 The kernels run compiled on the GPU or, with TRITON_INTERPRET=1, in Triton's interpreter on the CPU. Inputs are fresh
 random tensors at Zonos-v0.1-hybrid shapes (d_model 2048, 64 heads × 64 channels × 128 state, conv over 4352
@@ -169,62 +169,3 @@ def test_a_backend_composes_composites_of_its_own_parts():
     assert calls == ["linear", "conv_step", "linear"]  # the composition of the later parts
     with pytest.raises(ValueError, match="composite"):
         REFERENCE.replace("bad", linear=small)
-
-
-def _tiny_hybrid(device: str):
-    from tests.tiny import random_state_dict, tiny_config
-    from zonos.config import ZonosConfig
-    from zonos.model import Zonos
-
-    torch.manual_seed(0)
-    model = Zonos(ZonosConfig.from_dict(tiny_config("hybrid")), max_seqlen=256)
-    model.load_checkpoint(random_state_dict(model, 0), device=device, dtype=torch.float32)
-    model.eval()
-    return model
-
-
-def test_generate_with_the_fused_step_gives_the_reference_codes(device):
-    """A tiny hybrid in fp32 generating with the fused block step (its kernels, the reference ops elsewhere) gives the
-    reference backend's codes."""
-    if device.type == "cuda":
-        pytest.skip("the GPU test below runs the whole accelerated path")
-    from zonos_accel.triton import mamba_block
-
-    calls = []
-    kernel = Fused(lambda *a, **k: calls.append(1) or mamba_block.mamba_block_step(*a, **k), mamba_block.fits)
-    model = _tiny_hybrid("cpu")
-    prefix = torch.randn(2, 12, 64, generator=torch.Generator().manual_seed(3))
-    codes = {}
-    for name, backend in (("reference", REFERENCE), ("fused", REFERENCE.replace("fused", mamba_block_step=kernel))):
-        model.set_backend(backend)
-        codes[name] = model.generate(
-            prefix, max_new_tokens=12, progress_bar=False, generator=torch.Generator().manual_seed(5)
-        )
-    assert calls  # the fused kernels ran
-    assert torch.equal(codes["fused"], codes["reference"])
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_fused_decode_step_gives_the_unfused_codes_in_fp32(monkeypatch):
-    """A tiny hybrid in fp32 on the GPU, CUDA graphs on: generate with ``fused_mamba_step`` gives the codes of the
-    op-by-op Triton step (no TF32, so the projections round alike)."""
-    from zonos_accel.triton import mamba_block
-
-    calls = []
-    kernel = mamba_block.mamba_block_step
-    monkeypatch.setattr(mamba_block, "mamba_block_step", lambda *a, **k: calls.append(1) or kernel(*a, **k))
-    model = _tiny_hybrid("cuda")
-    prefix = torch.randn(2, 30, 64, device="cuda", generator=torch.Generator("cuda").manual_seed(3))
-    saved = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
-    try:
-        codes = {}
-        for fused in (False, True):
-            model.use_accelerators(fused_mamba_step=fused)
-            gen = torch.Generator("cuda").manual_seed(5)
-            codes[fused] = model.generate(prefix, max_new_tokens=40, progress_bar=False, generator=gen)
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = saved
-    assert calls  # the fused kernels ran (in the graphs' captures)
-    assert torch.equal(codes[True], codes[False])

@@ -232,8 +232,8 @@ def test_accelerators_need_cuda(tmp_path, codec):
     assert model.backend.name == "torch" and model._graphs is None
     with pytest.raises(ValueError, match="fused_sampling=True needs the model on a CUDA device"):
         model.use_accelerators(fused_sampling=True)
-    with pytest.raises(ValueError, match="fused_mamba_step=True needs the model on a CUDA device"):
-        model.use_accelerators(fused_mamba_step=True)
+    with pytest.raises(ValueError, match="fused_blocks=True needs the model on a CUDA device"):
+        model.use_accelerators(fused_blocks=True)
     assert model.backend.name == "torch"  # refused before anything changed
 
 

@@ -167,17 +167,19 @@ class Zonos(UsesOps, nn.Module):
         use_cute_gemv: bool | None = None,
         use_cute_scan: bool | None = None,
         fused_sampling: bool | None = None,
-        fused_mamba_step: bool = False,
+        fused_blocks: bool = False,
     ) -> None:
         """Choose this model's op backend and graph capture (None: on where the device and installed packages
         allow, with a warning on CUDA when the Triton ops' packages are missing; the CuTeDSL GEMV stays off unless
         asked for, the CuTeDSL scan is on with the fast ops where nvidia-cutlass-dsl is installed).
         ``fused_sampling``: the decode step's per-row sampling as one Triton launch instead of 66-79 torch
         kernels, and its EOS bookkeeping as one more instead of 30 (one of the fast ops, so None follows them: on an
-        H200 the step takes 1.913 ms against 2.071 without it). ``fused_mamba_step``: each Mamba2 block's decode step
-        (add + LayerNorm, in_proj, conv step, state update, gated RMSNorm, out_proj) as three Triton kernels instead
-        of six to eight, for decodes of up to 16 rows (batch × CFG; larger ones run op by op). One of the fast ops;
-        off by default until it is timed against the op-by-op step. It replaces those projections' CuTeDSL GEMV.
+        H200 the step takes 1.913 ms against 2.071 without it). ``fused_blocks``: every block's decode step
+        through fused Triton GEMVs, for decodes of up to 16 rows (batch × CFG; larger ones run op by op): a Mamba2
+        block in three kernels (add + LayerNorm and the conv step inside in_proj, the state update, the gated norm
+        inside out_proj) instead of six to eight, and an attention block's norms inside its qkv projection and its
+        fc1 (with the MLP's activation). One of the fast ops; off by default until it is timed against the op-by-op
+        step; the projections it fuses do not run the CuTeDSL GEMV.
         Takes effect at the next decode step (it waits for the running one); captured graphs are keyed by the
         backend, so the next step captures the new backend's. Other models in the process are unaffected.
 
@@ -186,14 +188,14 @@ class Zonos(UsesOps, nn.Module):
         on_cuda = self.device.type == "cuda"
         flags = (("fast_ops", fast_ops), ("cuda_graphs", cuda_graphs), ("use_cute_gemv", use_cute_gemv),
                  ("use_cute_scan", use_cute_scan), ("fused_sampling", fused_sampling),
-                 ("fused_mamba_step", fused_mamba_step))  # fmt: skip
+                 ("fused_blocks", fused_blocks))  # fmt: skip
         for name, wanted in flags:
             if wanted and not on_cuda:
                 raise ZonosInputError(
                     f"{name}=True needs the model on a CUDA device; it is on {self.device}: load it with device='cuda' "
                     f"or leave {name} off"
                 )
-        for name, wanted in (("fused_sampling", fused_sampling), ("fused_mamba_step", fused_mamba_step)):
+        for name, wanted in (("fused_sampling", fused_sampling), ("fused_blocks", fused_blocks)):
             if wanted and fast_ops is False:
                 raise ZonosInputError(f"{name}=True is one of the fast ops: leave fast_ops on (True or None)")
         if use_cute_scan is not False and self.config.backbone.is_hybrid:
@@ -209,17 +211,17 @@ class Zonos(UsesOps, nn.Module):
             if use_cute_scan is None:
                 use_cute_scan = on_cuda and fast_ops is not False and fits and cute_scan_available()
         backend = REFERENCE
-        if fast_ops or fused_sampling or fused_mamba_step or (fast_ops is None and on_cuda):
+        if fast_ops or fused_sampling or fused_blocks or (fast_ops is None and on_cuda):
             import zonos_accel.triton as fast
 
             try:
                 names = fast.DEFAULT_OPS + (fast.FUSED_SAMPLING_OPS if fused_sampling is not False else ())
-                names += fast.FUSED_MAMBA_OPS if fused_mamba_step else ()
+                names += fast.FUSED_BLOCK_OPS if fused_blocks else ()
                 if use_cute_scan:  # the CuTeDSL scan replaces mamba_ssm's: leave that package unimported
                     names = tuple(name for name in names if name != "ssd_scan")
                 backend = fast.triton_backend(backend, names)
             except ImportError as err:
-                if fast_ops or fused_sampling or fused_mamba_step:
+                if fast_ops or fused_sampling or fused_blocks:
                     raise
                 warnings.warn(
                     f"the Triton fast ops are off ({err}), so the decode runs on the torch reference ops, about 3x "

@@ -49,15 +49,15 @@ class Attention(UsesOps, nn.Module):
         shape = (batch_size, max_seqlen, self.num_heads_kv, self.head_dim)
         return KVCache(torch.zeros(shape, device=device, dtype=dtype), torch.zeros(shape, device=device, dtype=dtype))
 
-    def _attend(self, u: torch.Tensor, cache: KVCache, position: torch.Tensor, decode: bool) -> torch.Tensor:
-        b, l, _ = u.shape
-        qkv = self.ops.linear(u, self.in_proj.weight, self.in_proj.bias)
+    def _attend(self, qkv: torch.Tensor, cache: KVCache, position: torch.Tensor, decode: bool) -> torch.Tensor:
+        """Attention from the projected ``qkv`` (b, l, (q + 2·kv heads)·head_dim) through ``out_proj``."""
+        b, l, _ = qkv.shape
         q, k, v = torch.split(
             qkv,
             [self.num_heads * self.head_dim, self.num_heads_kv * self.head_dim, self.num_heads_kv * self.head_dim],
             -1,
         )
-        positions = position[:, None] + torch.arange(l, device=u.device)  # (b, l): each row at its own position
+        positions = position[:, None] + torch.arange(l, device=qkv.device)  # (b, l): each row at its own position
         q = self.ops.rotate_and_cache(
             q.view(b, l, self.num_heads, self.head_dim),
             k.view(b, l, self.num_heads_kv, self.head_dim),
@@ -79,12 +79,25 @@ class Attention(UsesOps, nn.Module):
         """Process (b, l, d) tokens at positions ``position`` .. ``position + l - 1`` (``position`` (b,) on the
         device, one per row), writing their keys and values to the cache; attends over the whole preallocated cache with
         a causal mask, so the same kernels serve every position (graph-safe). The caller checks the bounds."""
-        return self._attend(u, cache, position, decode=False)
+        qkv = self.ops.linear(u, self.in_proj.weight, self.in_proj.bias)
+        return self._attend(qkv, cache, position, decode=False)
 
-    def step(self, u: torch.Tensor, cache: KVCache, position: torch.Tensor) -> torch.Tensor:
-        """One token (b, 1, d) per row at that row's ``position`` (b,); attends over the whole preallocated cache
-        with a mask, so the same kernels serve every position (graph-safe)."""
-        return self._attend(u, cache, position, decode=True)
+    def step(
+        self,
+        hidden: torch.Tensor,
+        residual: torch.Tensor | None,
+        norm: nn.LayerNorm,
+        cache: KVCache,
+        position: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One token (b, 1, d) per row at that row's ``position`` (b,), entering through the block's pre-norm:
+        residual ← hidden + residual, ``norm``, then attention over the whole preallocated cache with a mask (the
+        same kernels serve every position: graph-safe). Returns (output, residual). The norm and the qkv projection
+        are one op (``add_layer_norm_linear``), so a fused kernel can serve them."""
+        qkv, residual = self.ops.add_layer_norm_linear(
+            hidden, residual, norm.weight, norm.bias, norm.eps, self.in_proj.weight, self.in_proj.bias
+        )
+        return self._attend(qkv, cache, position, decode=True), residual
 
 
 class GatedMLP(UsesOps, nn.Module):
@@ -97,3 +110,12 @@ class GatedMLP(UsesOps, nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.ops.linear(self.ops.silu_mul(self.ops.linear(x, self.fc1.weight)), self.fc2.weight)
+
+    def step(
+        self, hidden: torch.Tensor, residual: torch.Tensor, norm: nn.LayerNorm
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The MLP half of a block for decode tokens, entering through its pre-norm (residual ← hidden + residual,
+        ``norm``); the norm, fc1 and the activation are one op (``add_layer_norm_glu``), so a fused kernel can serve
+        them. Returns (output, residual)."""
+        act, residual = self.ops.add_layer_norm_glu(hidden, residual, norm.weight, norm.bias, norm.eps, self.fc1.weight)
+        return self.ops.linear(act, self.fc2.weight), residual

@@ -48,12 +48,15 @@ class Block(UsesOps, nn.Module):
         return self._mlp(hidden, residual)
 
     def step(self, hidden, residual, cache, position: torch.Tensor):
+        # The mixers' and the MLP's steps take their pre-norms in, so one op (a fused kernel) can serve each norm
+        # with the projection after it.
         if isinstance(self.mixer, Attention):
-            normed, residual = _add_norm(self.ops, hidden, residual, self.norm)
-            hidden = self.mixer.step(normed, cache, position)
-        else:  # the Mamba2 mixer's step takes the norm in, so one op can serve the block
+            hidden, residual = self.mixer.step(hidden, residual, self.norm, cache, position)
+        else:
             hidden, residual = self.mixer.step(hidden, residual, self.norm, cache)
-        return self._mlp(hidden, residual)
+        if self.mlp is None:
+            return hidden, residual
+        return self.mlp.step(hidden, residual, self.norm2)
 
 
 def _add_norm(ops, hidden, residual, norm: nn.LayerNorm) -> tuple[torch.Tensor, torch.Tensor]:

@@ -10,6 +10,7 @@ from zonos.ops.conv import causal_conv1d, conv_step
 from zonos.ops.embedding import codebook_rows, embedding_sum
 from zonos.ops.linear import linear
 from zonos.ops.mamba_step import mamba_block_step, mamba_step_tail
+from zonos.ops.norm_linear import add_layer_norm_glu, add_layer_norm_linear
 from zonos.ops.norms import add_layer_norm, gated_rms_norm
 from zonos.ops.precision import compute_dtype
 from zonos.ops.rotary import apply_rotary, rotary_cos_sin, rotary_qk, rotate_and_cache
@@ -20,6 +21,8 @@ from zonos.ops.vocoder import conv1d, conv_transpose1d, sequence_tail
 
 __all__ = [
     "add_layer_norm",
+    "add_layer_norm_glu",
+    "add_layer_norm_linear",
     "apply_rotary",
     "causal_conv1d",
     "codebook_rows",

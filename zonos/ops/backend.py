@@ -29,6 +29,14 @@ from zonos.ops.mamba_step import (
     mamba_block_step,
     mamba_step_tail,
 )
+from zonos.ops.norm_linear import (
+    NORM_GLU_PARTS,
+    NORM_LINEAR_PARTS,
+    add_layer_norm_glu,
+    add_layer_norm_linear,
+    compose_norm_glu,
+    compose_norm_linear,
+)
 from zonos.ops.norms import add_layer_norm, gated_rms_norm
 from zonos.ops.precision import compute_dtype
 from zonos.ops.rotary import rotate_and_cache
@@ -41,6 +49,8 @@ _REFERENCE_OPS: dict[str, Callable] = {
     f.__name__: f
     for f in (
         add_layer_norm,
+        add_layer_norm_glu,
+        add_layer_norm_linear,
         causal_conv1d,
         codebook_rows,
         conv1d,
@@ -68,6 +78,8 @@ OP_NAMES = tuple(sorted(_REFERENCE_OPS))
 COMPOSITES: dict[str, tuple[tuple[str, ...], Callable]] = {
     "mamba_step_tail": (PARTS, compose_step_tail),
     "mamba_block_step": (BLOCK_PARTS, compose_block_step),
+    "add_layer_norm_linear": (NORM_LINEAR_PARTS, compose_norm_linear),
+    "add_layer_norm_glu": (NORM_GLU_PARTS, compose_norm_glu),
 }
 
 
@@ -128,10 +140,10 @@ class Backend:
             setattr(self, op, fn)
 
     def replace(self, name: str, **ops: Callable | Fused) -> Backend:
-        """A new backend with some ops replaced (the others as in this one). A composite op (``mamba_step_tail``,
-        ``mamba_block_step``) given as a function is that function from then on; given as a :class:`Fused`, it
-        runs that kernel where it fits; otherwise it is composed anew of the new backend's parts (so a backend with
-        fast parts runs them inside the composite too)."""
+        """A new backend with some ops replaced (the others as in this one). A composite op (:data:`COMPOSITES`)
+        given as a function is that function from then on; given as a :class:`Fused`, it runs that kernel where it
+        fits; otherwise it is composed anew of the new backend's parts (so a backend with fast parts runs them
+        inside the composite too)."""
         unknown = set(ops) - set(OP_NAMES)
         if unknown:
             raise ValueError(f"unknown op(s) {sorted(unknown)}; known: {list(OP_NAMES)}")

@@ -24,6 +24,8 @@ not on a CUDA device still run the reference.
 | ``sample_rows`` | per-row sampling, one launch (opt-in: not in :data:`DEFAULT_OPS`) | ours (:mod:`.sampler`) |
 | ``finish_rows`` | the step's EOS bookkeeping and column write, one launch (opt-in too) | ours (:mod:`.sampler`) |
 | ``mamba_block_step`` | a Mamba2 block's decode step, three launches, ≤ 16 rows (opt-in) | ours (:mod:`.mamba_block`) |
+| ``add_layer_norm_linear`` | a block's add + LayerNorm in the next GEMV (opt-in) | ours (:mod:`.norm_linear`) |
+| ``add_layer_norm_glu`` | the same into fc1, with the gated MLP's activation (opt-in) | ours (:mod:`.norm_linear`) |
 """
 
 from __future__ import annotations
@@ -56,15 +58,17 @@ _SOURCES = {
     "sample_rows": ("zonos_accel.triton.sampler", None),
     "finish_rows": ("zonos_accel.triton.sampler", None),
     "mamba_block_step": ("zonos_accel.triton.mamba_block", None),
+    "add_layer_norm_linear": ("zonos_accel.triton.norm_linear", None),
+    "add_layer_norm_glu": ("zonos_accel.triton.norm_linear", None),
 }
 OPS = tuple(_SOURCES)
 # What triton_backend runs by default: all but the fused sampling and step bookkeeping, which
 # ``Zonos.use_accelerators`` adds unless ``fused_sampling=False`` (a backend built here compares without them).
 FUSED_SAMPLING_OPS = ("sample_rows", "finish_rows")
-# A Mamba2 block's decode step in three kernels (``use_accelerators(fused_mamba_step=True)``): opt-in until it is timed
-# against the op-by-op step (docs/BENCHMARKS.md, decisions: fused_mamba_step).
-FUSED_MAMBA_OPS = ("mamba_block_step",)
-DEFAULT_OPS = tuple(op for op in OPS if op not in FUSED_SAMPLING_OPS + FUSED_MAMBA_OPS)
+# Every block's decode step through fused GEMVs (``use_accelerators(fused_blocks=True)``): opt-in until it is timed
+# against the op-by-op step (docs/BENCHMARKS.md, decisions: fused_blocks).
+FUSED_BLOCK_OPS = ("mamba_block_step", "add_layer_norm_linear", "add_layer_norm_glu")
+DEFAULT_OPS = tuple(op for op in OPS if op not in FUSED_SAMPLING_OPS + FUSED_BLOCK_OPS)
 
 
 def fast_op(name: str):

@@ -2,17 +2,13 @@
 batch-1..8 decode (up to 16 with CFG). The op-by-op path launches six to eight per block: add + LayerNorm,
 ``in_proj``, conv step, state update, gated RMSNorm, ``out_proj``, and cuBLAS's split-K reductions.
 
-1. ``_norm_in_proj_kernel``: a program owns ``BLOCK_N`` output channels of ``in_proj`` and their whole
-   reduction. It loads its weight tile (``BLOCK_N`` × d_model) before it waits for the kernel before it (under PDL;
-   the weights do not depend on that kernel), then per row adds the residual, normalizes the row itself (every
-   program does: a row is 4 KB, read from L2) and multiplies. Its x, B and C channels take the conv step in the
-   epilogue: a channel's conv state belongs to the one program that computes the channel, so shifting it needs no
-   ordering between programs. Program 0 writes the new residual.
+1. in_proj as a fused GEMV (:mod:`zonos_accel.triton.gemv`): the block's residual add and LayerNorm in its
+   prologue, the conv step of its x, B and C channels in its epilogue; program 0 writes the new residual.
 2. ``_ssm_gate_kernel``: per (``BLOCK_P`` channels of a head, head, row): that slice's state update from the
    convolved x, B and C, y, the gate y · SiLU(z) in float32 and the slice's sum of squares.
-3. ``_norm_out_proj_kernel``: ``out_proj`` with the gated RMSNorm finished in its prologue: each program adds its
-   rows' sums of squares in a fixed order (the norm's scale; equal inputs give equal bits) and applies it and the
-   norm weight to the gated values as it reads them.
+3. out_proj as a fused GEMV with the gated RMSNorm finished in its prologue: each program adds its rows' sums of
+   squares in a fixed order (the norm's scale; equal inputs give equal bits) and applies it and the norm weight to
+   the gated values as it reads them.
 
 Rounded where the op-by-op path rounds (the residual sum, the normalized row, the projections, the conv outputs and
 y to the activation dtype; the states to their own), so in float32 the codes equal that path's; sums run in other
@@ -24,78 +20,15 @@ from __future__ import annotations
 import torch
 
 from zonos.ops.mamba_step import step_tail_shapes
-from zonos_accel.triton import pdl
+from zonos_accel.triton import gemv, pdl
 from zonos_accel.triton._support import check_tensors, interpreting, tl, triton
 from zonos_accel.triton.pdl import enter
 from zonos_accel.triton.state_update import _softplus
 
-MAX_ROWS = 16  # rows (batch × CFG) the fused step serves; larger batches run the op-by-op path (GEMMs)
-# Weight elements per GEMV program (its whole tile is loaded at once, so the loads are all in flight together):
-# 8 output channels of in_proj (d_model 2048), 4 of out_proj (d_inner 4096). Not yet timed on a GPU.
-TILE_ELEMENTS = 16384
-GEMV_WARPS = 8
+MAX_ROWS = gemv.MAX_ROWS
 BLOCK_P = 16  # channels of a head per state-update program, as zonos_accel/triton/state_update.py
 STATE_WARPS = 4
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-
-
-@triton.jit
-def _norm_in_proj_kernel(
-    h_ptr, r_ptr, lnw_ptr, lnb_ptr, w_ptr, out_ptr, sum_ptr, conv_ptr, cw_ptr, cb_ptr,
-    N, K, conv_lo, conv_hi, eps,
-    stride_h, stride_r, stride_w, stride_o, stride_s, stride_cb, stride_cc, stride_ck, stride_wc, stride_wk,
-    M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-    HAS_NORM_BIAS: tl.constexpr, KC: tl.constexpr, KCP: tl.constexpr, HAS_CONV_BIAS: tl.constexpr,
-    ACC: tl.constexpr, GDC: tl.constexpr,
-):  # fmt: skip
-    pid = tl.program_id(0)
-    n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-    k = tl.arange(0, BLOCK_K)
-    n_ok = n < N
-    k_ok = k < K
-    w = tl.load(w_ptr + n[:, None] * stride_w + k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-    enter(GDC)  # everything below reads what the kernels before wrote
-    act = out_ptr.dtype.element_ty
-    lnw = tl.load(lnw_ptr + k, mask=k_ok, other=0.0).to(ACC)
-    if HAS_NORM_BIAS:
-        lnb = tl.load(lnb_ptr + k, mask=k_ok, other=0.0).to(ACC)
-    # This tile's conv channels (x, B and C: in_proj outputs conv_lo .. conv_hi); none in most tiles, whose masked
-    # loads and stores touch no memory.
-    ch = n - conv_lo
-    conv_ok = n_ok & (n >= conv_lo) & (n < conv_hi)
-    kk = tl.arange(0, KCP)
-    taps_ok = conv_ok[:, None] & (kk[None, :] < KC)
-    cw = tl.load(cw_ptr + ch[:, None] * stride_wc + kk[None, :] * stride_wk, mask=taps_ok, other=0.0).to(ACC)
-    if HAS_CONV_BIAS:
-        cb = tl.load(cb_ptr + ch, mask=conv_ok, other=0.0).to(ACC)
-    for m in tl.static_range(M):
-        x = tl.load(h_ptr + m * stride_h + k, mask=k_ok, other=0.0)
-        if HAS_RESIDUAL:
-            r = tl.load(r_ptr + m * stride_r + k, mask=k_ok, other=0.0)
-            x = (x.to(ACC) + r.to(ACC)).to(sum_ptr.dtype.element_ty)  # rounded like a torch add
-            if pid == 0:
-                tl.store(sum_ptr + m * stride_s + k, x, mask=k_ok)
-        xf = x.to(ACC)
-        mean = tl.sum(xf, axis=0) / K
-        centered = tl.where(k_ok, xf - mean, 0.0)
-        rstd = 1.0 / tl.sqrt(tl.sum(centered * centered, axis=0) / K + eps)
-        y = centered * rstd * lnw
-        if HAS_NORM_BIAS:
-            y += lnb
-        y = y.to(act).to(ACC)  # the normalized row in the activation dtype, as the op-by-op path hands in_proj
-        v = tl.sum(w.to(ACC) * y[None, :], axis=1).to(act)
-        # The conv step of this row's conv channels: shift in the projection, conv, bias, SiLU.
-        state = conv_ptr + m * stride_cb + ch[:, None] * stride_cc
-        shifted_ok = conv_ok[:, None] & (kk[None, :] + 1 < KC)
-        older = tl.load(state + (kk[None, :] + 1) * stride_ck, mask=shifted_ok, other=0.0)
-        window = tl.where(kk[None, :] == KC - 1, v.to(conv_ptr.dtype.element_ty)[:, None], older)
-        c = tl.sum(window.to(ACC) * cw, axis=1)
-        if HAS_CONV_BIAS:
-            c += cb
-        c = c * tl.sigmoid(c)
-        tl.debug_barrier()  # every read of the old conv state precedes the write of the shifted one
-        tl.store(state + kk[None, :] * stride_ck, window, mask=taps_ok)
-        tl.store(out_ptr + m * stride_o + n, tl.where(conv_ok, c.to(act), v), mask=n_ok)
 
 
 @triton.jit
@@ -136,43 +69,11 @@ def _ssm_gate_kernel(
     tl.store(partial_ptr + (b * groups + g) * PROGRAMS + j, tl.sum(gated * gated, axis=0))
 
 
-@triton.jit
-def _norm_out_proj_kernel(
-    gated_ptr, partial_ptr, nw_ptr, w_ptr, out_ptr,
-    N, K, group_size, eps, stride_w, stride_o,
-    M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUPS: tl.constexpr, PROGRAMS: tl.constexpr,
-    PROGRAMS_P2: tl.constexpr, ACC: tl.constexpr, GDC: tl.constexpr,
-):  # fmt: skip
-    pid = tl.program_id(0)
-    n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-    k = tl.arange(0, BLOCK_K)
-    n_ok = n < N
-    k_ok = k < K
-    w = tl.load(w_ptr + n[:, None] * stride_w + k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-    enter(GDC)
-    act = out_ptr.dtype.element_ty
-    nw = tl.load(nw_ptr + k, mask=k_ok, other=0.0).to(ACC)
-    j = tl.arange(0, PROGRAMS_P2)
-    group = k // group_size
-    for m in tl.static_range(M):
-        v = tl.load(gated_ptr + m * K + k, mask=k_ok, other=0.0)
-        scale = tl.zeros([BLOCK_K], dtype=ACC)
-        for g in tl.static_range(GROUPS):
-            partials = tl.load(partial_ptr + (m * GROUPS + g) * PROGRAMS + j, mask=j < PROGRAMS, other=0.0)
-            scale = tl.where(group == g, 1.0 / tl.sqrt(tl.sum(partials, axis=0) / group_size + eps), scale)
-        x = (v * scale * nw).to(act).to(ACC)  # the gated norm's output, rounded as it is handed to out_proj
-        tl.store(out_ptr + m * stride_o + n, tl.sum(w.to(ACC) * x[None, :], axis=1).to(act), mask=n_ok)
-
-
 def fits(hidden: torch.Tensor, *rest, **named) -> bool:
     """Whether :func:`mamba_block_step` serves this call: up to :data:`MAX_ROWS` rows of a float dtype on a CUDA
     device (or the CPU under Triton's interpreter); the backend composes the op of its parts for the rest."""
     on_device = hidden.is_cuda or (interpreting() and hidden.device.type == "cpu")
     return on_device and 0 < hidden.shape[0] <= MAX_ROWS and hidden.dtype in _DTYPES
-
-
-def _block_n(k: int) -> int:
-    return max(2, min(64, TILE_ELEMENTS // triton.next_power_of_2(k)))
 
 
 def mamba_block_step(
@@ -201,7 +102,7 @@ def mamba_block_step(
                   out_weight=out_weight)  # fmt: skip
     b, d = hidden.shape
     h, p, n, groups, d_inner = step_tail_shapes(conv_state, ssm_state)
-    conv_dim, kc = conv_state.shape[1:]
+    conv_dim = conv_state.shape[1]
     n_in = d_inner + conv_dim + h
     if b > MAX_ROWS:
         raise ValueError(f"mamba_block_step's fused kernels take at most {MAX_ROWS} rows, got {b}")
@@ -218,46 +119,25 @@ def mamba_block_step(
         t.contiguous() for t in (norm_weight, in_weight, out_weight, gate_weight)
     )
     A, D, dt_bias = (t.contiguous() for t in (A, D, dt_bias))
-    acc_dtype = torch.float64 if hidden.dtype == torch.float64 else torch.float32
-    acc = tl.float64 if acc_dtype == torch.float64 else tl.float32
+    cdt = gemv.acc_dtype(hidden.dtype)
     device = hidden.device
-    launch = pdl.options(device)
 
-    zx = torch.empty(b, n_in, device=device, dtype=hidden.dtype)
-    total = hidden
-    if residual is not None:
-        total = torch.empty(b, d, device=device, dtype=torch.promote_types(hidden.dtype, residual.dtype))
-    block_n = _block_n(d)
-    _norm_in_proj_kernel[(triton.cdiv(n_in, block_n),)](
-        hidden, residual if residual is not None else hidden, norm_weight,
-        norm_bias if norm_bias is not None else norm_weight, in_weight, zx, total, conv_state, conv_weight,
-        conv_bias if conv_bias is not None else conv_weight,
-        n_in, d, d_inner, d_inner + conv_dim, norm_eps,
-        hidden.stride(0), residual.stride(0) if residual is not None else 0, in_weight.stride(0), zx.stride(0),
-        total.stride(0), *conv_state.stride(), conv_weight.stride(0), conv_weight.stride(2),
-        M=b, BLOCK_N=block_n, BLOCK_K=triton.next_power_of_2(d), HAS_RESIDUAL=residual is not None,
-        HAS_NORM_BIAS=norm_bias is not None, KC=kc, KCP=triton.next_power_of_2(kc),
-        HAS_CONV_BIAS=conv_bias is not None, ACC=acc, num_warps=GEMV_WARPS, **launch,
+    zx, total = gemv.gemv(
+        hidden, in_weight, prologue=gemv.LAYER_NORM, residual=residual, norm_weight=norm_weight, norm_bias=norm_bias,
+        eps=norm_eps, epilogue=gemv.CONV, conv=(conv_state, conv_weight, conv_bias, d_inner),
     )  # fmt: skip
-
     tiles = triton.cdiv(p, BLOCK_P)
     programs = tiles * (h // groups)
-    gated = torch.empty(b, d_inner, device=device, dtype=acc_dtype)
-    partial = torch.empty(b, groups, programs, device=device, dtype=acc_dtype)
+    gated = torch.empty(b, d_inner, device=device, dtype=cdt)
+    stats = torch.empty(b, groups, programs, device=device, dtype=cdt)
     _ssm_gate_kernel[(tiles, h, b)](
-        zx, ssm_state, A, D, dt_bias, gated, partial,
+        zx, ssm_state, A, D, dt_bias, gated, stats,
         p, n, d_inner, groups, h // groups, zx.stride(0), *ssm_state.stride(),
-        BLOCK_P=BLOCK_P, BLOCK_S=triton.next_power_of_2(n), PROGRAMS=programs, ACC=acc, num_warps=STATE_WARPS,
-        **launch,
+        BLOCK_P=BLOCK_P, BLOCK_S=triton.next_power_of_2(n), PROGRAMS=programs,
+        ACC=tl.float64 if cdt == torch.float64 else tl.float32, num_warps=STATE_WARPS, **pdl.options(device),
     )  # fmt: skip
-
-    n_out = out_weight.shape[0]
-    out = torch.empty(b, n_out, device=device, dtype=hidden.dtype)
-    block_n = _block_n(d_inner)
-    _norm_out_proj_kernel[(triton.cdiv(n_out, block_n),)](
-        gated, partial, gate_weight, out_weight, out,
-        n_out, d_inner, d_inner // groups, gate_eps, out_weight.stride(0), out.stride(0),
-        M=b, BLOCK_N=block_n, BLOCK_K=triton.next_power_of_2(d_inner), GROUPS=groups, PROGRAMS=programs,
-        PROGRAMS_P2=triton.next_power_of_2(programs), ACC=acc, num_warps=GEMV_WARPS, **launch,
+    out, _ = gemv.gemv(
+        gated, out_weight, prologue=gemv.GATED_RMS, norm_weight=gate_weight, eps=gate_eps, stats=stats,
+        group_size=d_inner // groups, out_dtype=zx.dtype,
     )  # fmt: skip
     return out, total

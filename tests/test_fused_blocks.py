@@ -1,7 +1,8 @@
 """The fused decode GEMVs of a block's entry (zonos_accel/triton/norm_linear.py: residual add + LayerNorm in the
 projection's prologue, the gated MLP's activation in fc1's epilogue) against their references,
 ``zonos.ops.add_layer_norm_linear`` and ``add_layer_norm_glu`` (the reference ops composed), evaluated in float64; and
-whole generations of tiny models with every fused block op (``fused_blocks``), which must give the reference codes.
+the plain decode projections on the same GEMV (``zonos_accel.triton.gemv.linear``); and whole generations of tiny
+models with every fused block op (``fused_blocks``), which must give the reference codes.
 
 The kernels run compiled on the GPU or, with TRITON_INTERPRET=1, in Triton's interpreter on the CPU, on fresh random
 inputs at Zonos-v0.1-hybrid shapes (qkv 3072 × 2048, fc1 2 · 8192 × 2048) and ragged ones; on the GPU the output
@@ -15,7 +16,7 @@ import torch
 
 from tests.kernel_checks import TARGETS, kernel_device, kernel_dtypes, poison_allocator, rel_error
 from zonos import ops
-from zonos.ops.backend import REFERENCE, Fused
+from zonos.ops.backend import COMPOSITES, REFERENCE, Fused
 
 
 @pytest.fixture(scope="module", params=TARGETS)
@@ -96,6 +97,26 @@ def test_real_shape_rows(device, rows):
     _check(device, torch.bfloat16, (rows,), 2048, 8192, glu=True, seed=200 + rows)
 
 
+@pytest.mark.parametrize("rows,k,n,bias", [((2, 1), 2048, 2048, False), ((3,), 40, 24, True), ((16,), 64, 9, False)])
+def test_plain_linear(device, rows, k, n, bias):
+    """Decode-shaped calls on the GEMV equal F.linear (float64 reference); others run F.linear itself."""
+    from zonos_accel.triton import gemv
+
+    gen = torch.Generator().manual_seed(k + n)
+    for dtype in kernel_dtypes(device):
+        x = torch.randn(*rows, k, generator=gen).to(device, dtype)
+        w = (torch.randn(n, k, generator=gen) * k**-0.5).to(device, dtype)
+        b = torch.randn(n, generator=gen).to(device, dtype) if bias else None
+        ref = torch.nn.functional.linear(x.double(), w.double(), None if b is None else b.double())
+        same = torch.nn.functional.linear(x, w, b)
+        poison_allocator(device)
+        out = gemv.linear(x, w, b)
+        assert out.shape == (*rows, n) and out.dtype == dtype
+        assert rel_error(out, ref) <= 2 * rel_error(same, ref) + 1e-6
+    many = torch.randn(gemv.MAX_ROWS + 1, 8, device=device)
+    assert torch.equal(gemv.linear(many, many[:4]), torch.nn.functional.linear(many, many[:4]))
+
+
 def test_fits_and_refusals(device):
     from zonos_accel.triton import gemv, norm_linear
 
@@ -139,7 +160,12 @@ def test_generate_with_fused_blocks_gives_the_reference_codes(device, kind):
     def traced(name):
         module = importlib.import_module(_SOURCES[name][0])
         fast = getattr(module, name)
-        return Fused(lambda *a, **k: calls.add(name) or fast(*a, **k), module.fits)
+
+        def op(*args, **kwargs):
+            calls.add(name)
+            return fast(*args, **kwargs)
+
+        return Fused(op, module.fits) if name in COMPOSITES else op  # linear serves every call itself
 
     fused = REFERENCE.replace("fused", **{name: traced(name) for name in FUSED_BLOCK_OPS})
     model = _tiny(kind, "cpu")

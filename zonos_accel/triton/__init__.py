@@ -26,6 +26,7 @@ not on a CUDA device still run the reference.
 | ``mamba_block_step`` | a Mamba2 block's decode step, three launches, ≤ 16 rows (opt-in) | ours (:mod:`.mamba_block`) |
 | ``add_layer_norm_linear`` | a block's add + LayerNorm in the next GEMV (opt-in) | ours (:mod:`.norm_linear`) |
 | ``add_layer_norm_glu`` | the same into fc1, with the gated MLP's activation (opt-in) | ours (:mod:`.norm_linear`) |
+| ``linear`` | decode-shaped projections (≤ 16 rows) on the same GEMV, cuBLAS otherwise (opt-in) | ours (:mod:`.gemv`) |
 """
 
 from __future__ import annotations
@@ -60,14 +61,16 @@ _SOURCES = {
     "mamba_block_step": ("zonos_accel.triton.mamba_block", None),
     "add_layer_norm_linear": ("zonos_accel.triton.norm_linear", None),
     "add_layer_norm_glu": ("zonos_accel.triton.norm_linear", None),
+    "linear": ("zonos_accel.triton.gemv", None),
 }
 OPS = tuple(_SOURCES)
 # What triton_backend runs by default: all but the fused sampling and step bookkeeping, which
 # ``Zonos.use_accelerators`` adds unless ``fused_sampling=False`` (a backend built here compares without them).
 FUSED_SAMPLING_OPS = ("sample_rows", "finish_rows")
-# Every block's decode step through fused GEMVs (``use_accelerators(fused_blocks=True)``): opt-in until it is timed
-# against the op-by-op step (docs/BENCHMARKS.md, decisions: fused_blocks).
-FUSED_BLOCK_OPS = ("mamba_block_step", "add_layer_norm_linear", "add_layer_norm_glu")
+# Every block's decode step through fused GEMVs, and the step's other projections on the same GEMV
+# (``use_accelerators(fused_blocks=True)``): opt-in until it is timed against the op-by-op step (docs/BENCHMARKS.md,
+# decisions: fused_blocks). With ``use_cute_gemv`` the plain projections run the CuTeDSL GEMV instead.
+FUSED_BLOCK_OPS = ("mamba_block_step", "add_layer_norm_linear", "add_layer_norm_glu", "linear")
 DEFAULT_OPS = tuple(op for op in OPS if op not in FUSED_SAMPLING_OPS + FUSED_BLOCK_OPS)
 
 

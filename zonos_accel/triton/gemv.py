@@ -32,12 +32,14 @@ float64 inputs). In float32 the results equal that path's up to the order of sum
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from zonos_accel.triton import pdl
-from zonos_accel.triton._support import tl, triton
+from zonos_accel.triton._support import check_tensors, tl, triton
 from zonos_accel.triton.pdl import enter
 
 MAX_ROWS = 16  # rows (batch × CFG) a fused GEMV serves: its rows are unrolled; larger ones are GEMMs (cuBLAS)
+MAX_K = 16384  # the longest reduction: a program holds whole rows of x and of its weight tile in registers
 # Weight elements per program, all loaded at once: 8 output channels of a K = 2048 projection, 4 of K = 4096. Not yet
 # timed on a GPU.
 TILE_ELEMENTS = 16384
@@ -225,3 +227,21 @@ def gemv(
         **pdl.options(device),
     )  # fmt: skip
     return out, total
+
+
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """Same contract as :func:`zonos.ops.linear.linear`: decode-shaped calls (at most :data:`MAX_ROWS` rows of x of at
+    most :data:`MAX_K`, one float dtype) on the fused GEMV with no prologue, so they launch with PDL and stream their
+    weights before their wait like the fused ones; the rest (prefill, mixed dtypes) on ``F.linear``."""
+    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    same = x.dtype == weight.dtype and (bias is None or bias.dtype == x.dtype)
+    if not (0 < rows <= MAX_ROWS and x.shape[-1] <= MAX_K and same and x.dtype in _DTYPES and weight.dim() == 2):
+        return F.linear(x, weight, bias)
+    check_tensors("linear", x=x, weight=weight, bias=bias)
+    if weight.shape[1] != x.shape[-1]:
+        raise ValueError(f"linear: x {tuple(x.shape)} does not match weight {tuple(weight.shape)}")
+    out, _ = gemv(x.reshape(rows, x.shape[-1]).contiguous(), weight.contiguous(), bias)
+    return out.reshape(*x.shape[:-1], weight.shape[0])

@@ -69,11 +69,16 @@ def _ssm_gate_kernel(
     tl.store(partial_ptr + (b * groups + g) * PROGRAMS + j, tl.sum(gated * gated, axis=0))
 
 
-def fits(hidden: torch.Tensor, *rest, **named) -> bool:
-    """Whether :func:`mamba_block_step` serves this call: up to :data:`MAX_ROWS` rows of a float dtype on a CUDA
-    device (or the CPU under Triton's interpreter); the backend composes the op of its parts for the rest."""
+def fits(
+    hidden: torch.Tensor, residual, norm_weight, norm_bias, norm_eps, in_weight: torch.Tensor, conv_state, conv_weight,
+    conv_bias, ssm_state: torch.Tensor, A, D, dt_bias, gate_weight, gate_eps, out_weight,
+) -> bool:  # fmt: skip
+    """Whether :func:`mamba_block_step` serves this call (its arguments): up to :data:`MAX_ROWS` rows of a float
+    dtype, d_model and d_inner up to :data:`gemv.MAX_K`, on a CUDA device (or the CPU under Triton's interpreter); the
+    backend composes the op of its parts for the rest."""
     on_device = hidden.is_cuda or (interpreting() and hidden.device.type == "cpu")
-    return on_device and 0 < hidden.shape[0] <= MAX_ROWS and hidden.dtype in _DTYPES
+    short = max(hidden.shape[-1], ssm_state.shape[1] * ssm_state.shape[2]) <= gemv.MAX_K
+    return on_device and short and 0 < hidden.shape[0] <= MAX_ROWS and hidden.dtype in _DTYPES
 
 
 def mamba_block_step(

@@ -14,13 +14,14 @@ _DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
 def fits(hidden: torch.Tensor, residual: torch.Tensor | None, *rest, **named) -> bool:
-    """Whether the fused GEMV serves this call: up to :data:`gemv.MAX_ROWS` rows (all dims but the last) of a float
-    dtype on a CUDA device (or the CPU under Triton's interpreter); the backend composes the op of its parts for the
-    rest."""
+    """Whether the fused GEMV serves this call: up to :data:`gemv.MAX_ROWS` rows (all dims but the last) of up to
+    :data:`gemv.MAX_K` channels of a float dtype on a CUDA device (or the CPU under Triton's interpreter); the backend
+    composes the op of its parts for the rest."""
     on_device = hidden.is_cuda or (interpreting() and hidden.device.type == "cpu")
     rows = hidden.numel() // max(hidden.shape[-1], 1)
     same = residual is None or residual.shape == hidden.shape
-    return on_device and same and 0 < rows <= gemv.MAX_ROWS and hidden.dtype in _DTYPES
+    short = hidden.shape[-1] <= gemv.MAX_K
+    return on_device and same and short and 0 < rows <= gemv.MAX_ROWS and hidden.dtype in _DTYPES
 
 
 def _norm_gemv(op, hidden, residual, norm_weight, norm_bias, eps, weight, bias, epilogue):

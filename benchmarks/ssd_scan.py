@@ -1,5 +1,6 @@
 """The Mamba2 SSD prefill scan at Zonos-v0.1-hybrid shapes: ours in CuTeDSL (``zonos_accel.ssd``, use_cute_scan),
-mamba_ssm's Triton combined scan (when importable) and the torch chunked reference, in one run.
+ours in Triton (``zonos_accel.triton.ssd_scan``, the fast ops' scan without it), mamba_ssm's Triton combined scan
+(when importable) and the torch chunked reference, in one run.
 
 Shapes: x (b, L, 64 heads, 64) and B, C (b, L, 1 group, 128) as bf16 views of one conv output (the mixer's
 layout), fp32 step sizes and decay rates, D, a bf16 initial state (the decode cache), chunk 256. Each time is
@@ -76,6 +77,9 @@ def implementations() -> dict:
 
     impls["cute"] = cute(False)
     impls["cute batched"] = cute(True)  # cp.async for C and B, x and S0 loads batched
+    from zonos_accel.triton.ssd_scan import ssd_scan as triton_scan
+
+    impls["triton (ours)"] = triton_scan
     return impls
 
 

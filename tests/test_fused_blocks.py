@@ -158,7 +158,7 @@ def test_generate_with_fused_blocks_gives_the_reference_codes(device, kind):
     calls = set()
 
     def traced(name):
-        module = importlib.import_module(_SOURCES[name][0])
+        module = importlib.import_module(_SOURCES[name])
         fast = getattr(module, name)
 
         def op(*args, **kwargs):

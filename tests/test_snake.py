@@ -72,7 +72,7 @@ def test_snake1d_dispatches_through_its_backend():
 def test_registered_as_a_triton_op():
     from zonos_accel.triton import _SOURCES
 
-    assert _SOURCES["snake"] == ("zonos_accel.triton.snake", None)
+    assert _SOURCES["snake"] == "zonos_accel.triton.snake"
 
 
 # -- the Triton kernel, interpreted ----------------------------------------------------------------

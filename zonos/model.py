@@ -137,8 +137,8 @@ class Zonos(UsesOps, nn.Module):
             use_cute_gemv: decode-shaped projections (≤ 8 rows: batch ≤ 4 with CFG) through our CuTeDSL GEMVs
                 instead of cuBLAS (needs ``nvidia-cutlass-dsl``; prefill stays on cuBLAS).
             use_cute_scan: the prefill's Mamba2 SSD scan through our CuTeDSL kernel, one launch per layer and
-                prefill piece (needs ``nvidia-cutlass-dsl``). None: on with the fast ops where it can run; then
-                mamba_ssm is not imported (its scan, when installed, is the fallback without CuTeDSL).
+                prefill piece (needs ``nvidia-cutlass-dsl``). None: on with the fast ops where it can run; without it
+                the fast ops run our Triton scan.
             fused_sampling: the decode step's sampling and EOS bookkeeping as two Triton launches (see
                 :meth:`use_accelerators`). None: with the fast ops.
         """
@@ -217,7 +217,7 @@ class Zonos(UsesOps, nn.Module):
             try:
                 names = fast.DEFAULT_OPS + (fast.FUSED_SAMPLING_OPS if fused_sampling is not False else ())
                 names += fast.FUSED_BLOCK_OPS if fused_blocks else ()
-                if use_cute_scan:  # the CuTeDSL scan replaces mamba_ssm's: leave that package unimported
+                if use_cute_scan:  # the CuTeDSL scan replaces ours
                     names = tuple(name for name in names if name != "ssd_scan")
                 backend = fast.triton_backend(backend, names)
             except ImportError as err:

@@ -8,7 +8,7 @@ not on a CUDA device still run the reference.
 |---|---|---|
 | ``ssd_step`` | the Mamba2 selective state update, one launch | ours (:mod:`.state_update`) |
 | ``gated_rms_norm`` | fused gated RMSNorm | ours (:mod:`.gated_norm`) |
-| ``ssd_scan`` | ``mamba_chunk_scan_combined`` | mamba_ssm when importable (else the graphed torch reference) |
+| ``ssd_scan`` | the chunked prefill scan in three launches, any length | ours (:mod:`.ssd_scan`) |
 | ``conv_step`` | one kernel: shift, conv, bias, SiLU | ours (:mod:`.conv`) |
 | ``decode_attention`` | split-K GQA over rows ≤ position | ours (:mod:`.attention`) |
 | ``prefill_attention`` | flash-style causal GQA over rows ≤ position + i | ours (:mod:`.attention`) |
@@ -37,31 +37,31 @@ import importlib
 import torch
 
 from zonos.ops.backend import COMPOSITES, REFERENCE, Backend, Fused
-from zonos_accel.triton.mamba import INSTALL_HINT, mamba_module
+from zonos_accel.triton.mamba import INSTALL_HINT
 
-# op -> (module, the mamba_ssm part it needs or None). Ours need triton alone; mamba_ssm's are optional.
+# op -> the module of its fast path (ours: they need triton alone).
 _SOURCES = {
-    "ssd_step": ("zonos_accel.triton.state_update", None),
-    "gated_rms_norm": ("zonos_accel.triton.gated_norm", None),
-    "ssd_scan": ("zonos_accel.triton.mamba", "ssd_combined"),
-    "conv_step": ("zonos_accel.triton.conv", None),
-    "decode_attention": ("zonos_accel.triton.attention", None),
-    "prefill_attention": ("zonos_accel.triton.attention", None),
-    "add_layer_norm": ("zonos_accel.triton.norms", None),
-    "rotate_and_cache": ("zonos_accel.triton.rotary", None),
-    "silu_mul": ("zonos_accel.triton.activations", None),
-    "snake": ("zonos_accel.triton.snake", None),
-    "embedding_sum": ("zonos_accel.triton.embedding", None),
-    "codebook_rows": ("zonos_accel.triton.embedding", None),
-    "conv1d": ("zonos_accel.triton.vocoder", None),
-    "conv_transpose1d": ("zonos_accel.triton.vocoder", None),
-    "sequence_tail": ("zonos_accel.triton.vocoder", None),
-    "sample_rows": ("zonos_accel.triton.sampler", None),
-    "finish_rows": ("zonos_accel.triton.sampler", None),
-    "mamba_block_step": ("zonos_accel.triton.mamba_block", None),
-    "add_layer_norm_linear": ("zonos_accel.triton.norm_linear", None),
-    "add_layer_norm_glu": ("zonos_accel.triton.norm_linear", None),
-    "linear": ("zonos_accel.triton.gemv", None),
+    "ssd_step": "zonos_accel.triton.state_update",
+    "gated_rms_norm": "zonos_accel.triton.gated_norm",
+    "ssd_scan": "zonos_accel.triton.ssd_scan",
+    "conv_step": "zonos_accel.triton.conv",
+    "decode_attention": "zonos_accel.triton.attention",
+    "prefill_attention": "zonos_accel.triton.attention",
+    "add_layer_norm": "zonos_accel.triton.norms",
+    "rotate_and_cache": "zonos_accel.triton.rotary",
+    "silu_mul": "zonos_accel.triton.activations",
+    "snake": "zonos_accel.triton.snake",
+    "embedding_sum": "zonos_accel.triton.embedding",
+    "codebook_rows": "zonos_accel.triton.embedding",
+    "conv1d": "zonos_accel.triton.vocoder",
+    "conv_transpose1d": "zonos_accel.triton.vocoder",
+    "sequence_tail": "zonos_accel.triton.vocoder",
+    "sample_rows": "zonos_accel.triton.sampler",
+    "finish_rows": "zonos_accel.triton.sampler",
+    "mamba_block_step": "zonos_accel.triton.mamba_block",
+    "add_layer_norm_linear": "zonos_accel.triton.norm_linear",
+    "add_layer_norm_glu": "zonos_accel.triton.norm_linear",
+    "linear": "zonos_accel.triton.gemv",
 }
 OPS = tuple(_SOURCES)
 # What triton_backend runs by default: all but the fused sampling and step bookkeeping, which
@@ -76,14 +76,10 @@ DEFAULT_OPS = tuple(op for op in OPS if op not in FUSED_SAMPLING_OPS + FUSED_BLO
 
 def fast_op(name: str):
     """The fast version of ``zonos.ops.<name>`` (raises ImportError naming what is missing)."""
-    module, mamba_part = _SOURCES[name]
     try:
-        fast = getattr(importlib.import_module(module), name)
+        return getattr(importlib.import_module(_SOURCES[name]), name)
     except ImportError as e:
         raise ImportError(f"the Triton fast path of {name} needs triton ({e}); install it with {INSTALL_HINT}") from e
-    if mamba_part is not None:
-        mamba_module(mamba_part)  # fail now, not at the first call
-    return fast
 
 
 def _on_cuda(fast, reference):
@@ -106,13 +102,8 @@ def triton_backend(base: Backend = REFERENCE, names: tuple[str, ...] = DEFAULT_O
         raise ValueError(f"unknown op(s) {sorted(unknown)}; known: {list(OPS)}")
     fast = {}
     for name in names:
-        try:
-            if name in COMPOSITES:  # a fused kernel where it fits, the composition of the backend's parts elsewhere
-                fast[name] = Fused(fast_op(name), importlib.import_module(_SOURCES[name][0]).fits)
-                continue
+        if name in COMPOSITES:  # a fused kernel where it fits, the composition of the backend's parts elsewhere
+            fast[name] = Fused(fast_op(name), importlib.import_module(_SOURCES[name]).fits)
+        else:
             fast[name] = _on_cuda(fast_op(name), base.op(name))
-        except ImportError:
-            if _SOURCES[name][1] is None:
-                raise
-            # mamba_ssm is optional: without it this op stays the base backend's
     return base.replace(f"{base.name}+triton" if base.name != "torch" else "triton", **fast)

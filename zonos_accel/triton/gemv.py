@@ -103,6 +103,9 @@ def _gemv_kernel(
     if EPILOGUE == GLU:
         w_gate = tl.load(w_ptr + (n[:, None] + N) * stride_w + k[None, :], mask=tile_ok, other=0.0)
     enter(GDC)  # everything below reads what the kernels before wrote
+    w = w.to(ACC)  # once for every row (TILE_ELEMENTS / (32 · NUM_WARPS) registers a thread)
+    if EPILOGUE == GLU:
+        w_gate = w_gate.to(ACC)
     act = out_ptr.dtype.element_ty
     if PROLOGUE != NONE:
         nw = tl.load(nw_ptr + k, mask=k_ok, other=0.0).to(ACC)
@@ -131,7 +134,7 @@ def _gemv_kernel(
         else:
             y = tl.load(x_ptr + m * stride_x + k, mask=k_ok, other=0.0).to(ACC)
         y = y.to(act).to(ACC)  # the input row in the activation dtype, as the op-by-op path hands it over
-        v = tl.sum(w.to(ACC) * y[None, :], axis=1)
+        v = tl.sum(w * y[None, :], axis=1)
         if HAS_BIAS:
             v += bias
         v = v.to(act)
@@ -148,7 +151,7 @@ def _gemv_kernel(
             tl.store(state + kk[None, :] * stride_ck, window, mask=taps_ok)
             v = tl.where(conv_ok, c.to(act), v)
         elif EPILOGUE == GLU:
-            gate = tl.sum(w_gate.to(ACC) * y[None, :], axis=1)
+            gate = tl.sum(w_gate * y[None, :], axis=1)
             if HAS_BIAS:
                 gate += bias_gate
             gate = gate.to(act).to(ACC)

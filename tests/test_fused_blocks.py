@@ -117,6 +117,20 @@ def test_plain_linear(device, rows, k, n, bias):
     assert torch.equal(gemv.linear(many, many[:4]), torch.nn.functional.linear(many, many[:4]))
 
 
+@pytest.mark.parametrize("glu", [False, True])
+def test_rows_do_not_depend_on_each_other(device, glu):
+    """Each row is normalized and reduced on its own, in an order that does not depend on the other rows or their
+    count: a row of a batch equals the same row alone, bit for bit (the engine's batched = solo on the GPU)."""
+    from zonos_accel.triton import norm_linear
+
+    fast = norm_linear.add_layer_norm_glu if glu else norm_linear.add_layer_norm_linear
+    args = _inputs((5,), 256, 96, torch.float32, device, seed=11, glu=glu)
+    batched, batched_residual = fast(**args)
+    alone = {key: v[2:3] if key in ("hidden", "residual") else v for key, v in args.items()}
+    out, residual = fast(**alone)
+    assert torch.equal(batched[2:3], out) and torch.equal(batched_residual[2:3], residual)
+
+
 def test_fits_and_refusals(device):
     from zonos_accel.triton import gemv, norm_linear
 

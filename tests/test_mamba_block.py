@@ -123,6 +123,19 @@ def test_repeated_calls_are_deterministic(device):
         assert all(torch.equal(a, b) for a, b in zip(outs[0], later))
 
 
+def test_rows_do_not_depend_on_each_other(device):
+    """A row of a batch gives the output, residual and states it gives alone, bit for bit."""
+    from zonos_accel.triton.mamba_block import mamba_block_step
+
+    args = _inputs(4, 32, 8, 16, 16, 1, 4, torch.float32, device, seed=13)
+    batched = _copy(args)
+    out, residual = mamba_block_step(**batched)
+    rows = {key: v[1:2] if key in ("hidden", "residual", *STATES) else v for key, v in _copy(args).items()}
+    alone, alone_residual = mamba_block_step(**rows)
+    assert torch.equal(out[1:2], alone) and torch.equal(residual[1:2], alone_residual)
+    assert all(torch.equal(batched[name][1:2], rows[name]) for name in STATES)
+
+
 def test_rejects_what_it_cannot_serve(device):
     from zonos_accel.triton.mamba_block import MAX_ROWS, fits, mamba_block_step
 

@@ -513,6 +513,7 @@ SPEAK_CASES = [
     ([TEXT, "--device", "nonsense"], "--device 'nonsense' is not a device name"),
     ([TEXT, "--device", "mps"], "--device 'mps' is not available on this machine"),
     ([TEXT, "--device", "cpu", "--cute-gemv"], "--cute-gemv runs CUDA kernels"),
+    ([TEXT, "--device", "cpu", "--fused-blocks"], "--fused-blocks runs CUDA kernels"),
     ([TEXT, "--no-such-flag"], "unrecognized arguments: --no-such-flag"),
 ]
 

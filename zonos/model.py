@@ -120,6 +120,7 @@ class Zonos(UsesOps, nn.Module):
         use_cute_gemv: bool = False,
         use_cute_scan: bool | None = None,
         fused_sampling: bool | None = None,
+        fused_blocks: bool = False,
     ) -> Zonos:
         """Load from a ``config.json`` and a ``model.safetensors``.
 
@@ -141,6 +142,8 @@ class Zonos(UsesOps, nn.Module):
                 the fast ops run our Triton scan.
             fused_sampling: the decode step's sampling and EOS bookkeeping as two Triton launches (see
                 :meth:`use_accelerators`). None: with the fast ops.
+            fused_blocks: every block's decode step through fused Triton GEMVs (see :meth:`use_accelerators`; off
+                by default until it is timed).
         """
         device, dtype = _check_load_args(device, dtype, max_seqlen, backbone)
         config = ZonosConfig.from_json(config_path)
@@ -157,6 +160,7 @@ class Zonos(UsesOps, nn.Module):
             use_cute_gemv=use_cute_gemv,
             use_cute_scan=use_cute_scan,
             fused_sampling=fused_sampling,
+            fused_blocks=fused_blocks,
         )
         return model
 

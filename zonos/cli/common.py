@@ -95,13 +95,19 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     scan.add_argument(
         "--no-cute-scan",
         action="store_true",
-        help="run the prefill's SSD scan on mamba_ssm's Triton kernels (when installed) or torch instead",
+        help="run the prefill's SSD scan on our Triton kernels (with the fast ops) or torch instead",
     )
     p.add_argument(
         "--no-fused-sampling",
         action="store_true",
         help="sample each decode step's tokens with the torch ops (~100 kernels) instead of the two Triton launches "
         "the fast ops use by default (2.07 against 1.91 ms per step on an H200)",
+    )
+    p.add_argument(
+        "--fused-blocks",
+        action="store_true",
+        help="run each block's decode step through fused Triton GEMVs (norms and activations inside the projections; "
+        "CUDA only, batches up to 8 with CFG; experimental, off by default until it is timed)",
     )
     p.add_argument(
         "--no-cuda-graphs",
@@ -158,12 +164,16 @@ def check_device(spec: str | None, args: argparse.Namespace | None = None):
             )
         if device.index is not None and device.index >= torch.cuda.device_count():
             raise UsageError(f"--device {spec}: this machine has {torch.cuda.device_count()} CUDA device(s)")
-    for flag in ("cute_gemv", "cute_scan"):
+    for flag in ("cute_gemv", "cute_scan", "fused_blocks"):
         if args is None or not getattr(args, flag, False):
             continue
         option = "--" + flag.replace("_", "-")
         if device.type != "cuda":
             raise UsageError(f"{option} runs CUDA kernels and the model would be on {device}: drop it, or use a GPU")
+        if flag == "fused_blocks":
+            if importlib.util.find_spec("triton") is None:
+                raise UsageError(f"{option} needs triton: pip install 'zonos-accel[gpu]', or drop {option}")
+            continue
         if importlib.util.find_spec("cutlass") is None:
             raise UsageError(f"{option} needs nvidia-cutlass-dsl: pip install 'zonos-accel[gpu]', or drop {option}")
     return device
@@ -242,6 +252,7 @@ def load_model(args: argparse.Namespace, device):
         use_cute_gemv=args.cute_gemv,
         use_cute_scan=cute_scan_flag(args),
         fused_sampling=False if getattr(args, "no_fused_sampling", False) else None,
+        fused_blocks=getattr(args, "fused_blocks", False),
     )
     log(f"loaded {args.model} on {device} in {time.perf_counter() - t0:.1f} s")
     return model

@@ -149,6 +149,17 @@ def block_impls() -> dict:
     fused = triton_backend(REFERENCE, DEFAULT_OPS + FUSED_BLOCK_OPS).op("mamba_block_step")
     assert fused.fused.fast is mamba_block_step  # what use_accelerators(fused_blocks=True) serves
     impls["fused (3 kernels)"] = mamba_block_step
+
+    def state_update_in_in_proj(counters=None, **args):
+        from zonos_accel.triton import mamba_block
+
+        saved, mamba_block.SSM_IN_PROJ = mamba_block.SSM_IN_PROJ, True  # read at the call (and so at capture)
+        try:
+            return mamba_block_step(**args, counters=counters)
+        finally:
+            mamba_block.SSM_IN_PROJ = saved
+
+    impls["fused, state update in in_proj (2 kernels)"] = state_update_in_in_proj
     return impls
 
 
@@ -179,11 +190,14 @@ def bench_block(rows_list, repeat, bandwidth) -> list[list]:
         state = 2 * sum(layers[0][key].numel() * 2 for key in ("conv_state", "ssm_state"))  # read and written
         floor_us = (weights + state) / bandwidth * 1e6
         for name, fn in block_impls().items():
+            counting = "2 kernels" in name  # the decode cache's zeroed counters, one set per layer
+            extra = [{"counters": torch.zeros(HEADS, dtype=torch.int32, device="cuda")} if counting else {}
+                     for _ in layers]  # fmt: skip
             try:
-                ms = per_call_ms([lambda a=a, fn=fn: fn(**a) for a in layers], repeat)
+                ms = per_call_ms([lambda a=a, e=e, fn=fn: fn(**a, **e) for a, e in zip(layers, extra)], repeat)
                 args = block_args(b, 0)
                 ref = ops.mamba_block_step(**{k: v.double() if torch.is_tensor(v) else v for k, v in args.items()})
-                out, _ = fn(**args)
+                out, _ = fn(**args, **extra[0])
                 rows.append([b, name, f"{ms * 1e3:.2f}", f"{ms * 1e3 / floor_us:.2f}", f"{rel(out, ref[0]):.2e}"])
             except Exception:
                 traceback.print_exc()

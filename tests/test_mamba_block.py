@@ -136,6 +136,50 @@ def test_rows_do_not_depend_on_each_other(device):
     assert all(torch.equal(batched[name][1:2], rows[name]) for name in STATES)
 
 
+@pytest.mark.parametrize(
+    "b,d,h,p,n,g,tile_elements",
+    [
+        (2, 2048, 64, 64, 128, 1, None),  # real size: 8-channel tiles
+        (3, 64, 8, 16, 16, 2, 256),  # two groups, 4-channel tiles: a B or C tile feeds half the heads
+        (16, 32, 6, 8, 8, 3, 64),  # the most rows; a dt tile holds 2 of the 6 heads, the last one partly empty
+    ],
+)
+def test_state_update_inside_in_proj(device, monkeypatch, b, d, h, p, n, g, tile_elements):
+    """The two-launch step (each in_proj tile counts itself into the heads it feeds; the one that completes a head
+    updates its state) equals the three-launch one and the reference, leaves the counters zero for the next call,
+    and gives equal bits on a repeated call."""
+    from zonos_accel.triton import gemv, mamba_block
+
+    if tile_elements is not None:
+        monkeypatch.setattr(gemv, "TILE_ELEMENTS", tile_elements)
+    tile = gemv.block_n(d)
+    assert p % tile == 0 and n % tile == 0  # the shapes it takes
+    dtypes = kernel_dtypes(device)[: 1 if device.type != "cuda" and d > 1024 else 2]
+    for dtype in dtypes:
+        args = _inputs(b, d, h, p, n, g, 4, dtype, device, seed=b + h)
+        as64 = _copy(args, torch.float64)
+        ref, _ = ops.mamba_block_step(**as64)
+        three = _copy(args)
+        out_three, _ = mamba_block.mamba_block_step(**three)
+        monkeypatch.setattr(mamba_block, "SSM_IN_PROJ", True)
+        counters = torch.zeros(h, dtype=torch.int32, device=device)
+        outs = []
+        for _ in range(2):
+            two = _copy(args)
+            outs.append((*mamba_block.mamba_block_step(**two, counters=counters), two["ssm_state"]))
+            assert torch.equal(counters, torch.zeros_like(counters))
+        monkeypatch.setattr(mamba_block, "SSM_IN_PROJ", False)
+        assert all(torch.equal(x, y) for x, y in zip(outs[0], outs[1]))
+        out_two, residual_two, state_two = outs[0]
+        assert rel_error(out_two, ref) <= 2 * rel_error(out_three, ref) + 1e-6
+        if dtype == torch.float32:
+            torch.testing.assert_close(out_two, out_three, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(state_two, three["ssm_state"], rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="counters"):
+        monkeypatch.setattr(mamba_block, "SSM_IN_PROJ", True)
+        mamba_block.mamba_block_step(**_copy(args), counters=counters[:-1])
+
+
 def test_rejects_what_it_cannot_serve(device):
     from zonos_accel.triton.mamba_block import MAX_ROWS, fits, mamba_block_step
 

@@ -14,19 +14,24 @@ from zonos.ops.precision import compute_dtype
 
 
 class Mamba2Cache:
-    """Per-layer decode cache: the last ``d_conv`` conv inputs and the SSM state (fixed addresses)."""
+    """Per-layer decode cache: the last ``d_conv`` conv inputs and the SSM state (fixed addresses), and the
+    ``counters`` a fused decode step counts its programs with (zeros between steps: the kernel that counts leaves
+    them so, which saves it a memset per launch; shared by every row, as the layer's steps run one after another)."""
 
-    def __init__(self, conv: torch.Tensor, ssm: torch.Tensor):
+    def __init__(self, conv: torch.Tensor, ssm: torch.Tensor, counters: torch.Tensor | None = None):
         self.conv = conv  # (b, conv_dim, d_conv)
         self.ssm = ssm  # (b, heads, headdim, d_state)
+        self.counters = counters  # (heads,) int32
 
     def rows(self, start: int, stop: int) -> Mamba2Cache:
-        """Rows ``start .. stop`` as a cache of their own (views)."""
-        return Mamba2Cache(self.conv[start:stop], self.ssm[start:stop])
+        """Rows ``start .. stop`` as a cache of their own (views; the same counters)."""
+        return Mamba2Cache(self.conv[start:stop], self.ssm[start:stop], self.counters)
 
     def zero_(self) -> None:
         self.conv.zero_()
         self.ssm.zero_()
+        if self.counters is not None:
+            self.counters.zero_()
 
 
 class Mamba2Mixer(UsesOps, nn.Module):
@@ -106,6 +111,7 @@ class Mamba2Mixer(UsesOps, nn.Module):
         return Mamba2Cache(
             torch.zeros(batch_size, self.conv_dim, self.d_conv, device=device, dtype=dtype),
             torch.zeros(batch_size, self.nheads, self.headdim, self.d_state, device=device, dtype=dtype),
+            torch.zeros(self.nheads, device=device, dtype=torch.int32),
         )
 
     def _split(self, zxbcdt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -164,7 +170,7 @@ class Mamba2Mixer(UsesOps, nn.Module):
             norm.weight, norm.bias, norm.eps, self.in_proj.weight,
             cache.conv, self.conv1d.weight, self.conv1d.bias, cache.ssm,
             self.A.to(compute_dtype(hidden.dtype)), self.D, self.dt_bias,  # softplus(dt + dt_bias) inside the op
-            self.norm.weight, self.norm_eps, self.out_proj.weight,
+            self.norm.weight, self.norm_eps, self.out_proj.weight, cache.counters,
         )  # fmt: skip
         return out[:, None], residual[:, None]
 

@@ -93,12 +93,14 @@ def compose_block_step(add_norm: Callable, linear: Callable, tail: Callable) -> 
         gate_weight: torch.Tensor,
         gate_eps: float,
         out_weight: torch.Tensor,
+        counters: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """One token of a pre-norm Mamba2 block: ``residual`` ← ``hidden`` + ``residual`` (``hidden`` alone when
         None), LayerNorm (``norm_weight``, ``norm_bias``, ``norm_eps``), ``in_proj`` (``in_weight`` (2·d_inner +
         2·g·n + h, d), no bias) into [z | xBC | dt], :func:`mamba_step_tail` on the caches (updated in place) with
         the gated norm's ``gate_weight`` and ``gate_eps``, then ``out_proj`` (``out_weight`` (d, d_inner)).
-        ``hidden`` and ``residual`` are (b, d); returns the mixer's output (b, d) and the new residual."""
+        ``hidden`` and ``residual`` are (b, d); returns the mixer's output (b, d) and the new residual. ``counters``
+        (h,) int32 zeros: scratch a fused kernel may count with and must leave zero (unused here)."""
         normed, residual = add_norm(hidden, residual, norm_weight, norm_bias, norm_eps)
         h, _, _, _, d_inner = step_tail_shapes(conv_state, ssm_state)
         z, xbc, dt = torch.split(linear(normed, in_weight), [d_inner, conv_state.shape[1], h], dim=-1)

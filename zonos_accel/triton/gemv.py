@@ -40,13 +40,17 @@ from zonos_accel.triton.pdl import enter
 
 MAX_ROWS = 16  # rows (batch × CFG) a fused GEMV serves: its rows are unrolled; larger ones are GEMMs (cuBLAS)
 MAX_K = 16384  # the longest reduction: a program holds whole rows of x and of its weight tile in registers
-# Weight elements per program, all loaded at once: 8 output channels of a K = 2048 projection, 4 of K = 4096. Not yet
-# timed on a GPU.
-TILE_ELEMENTS = 16384
+# Weight elements per program, all loaded at once: 4 output channels of a K = 2048 projection. ptxas (sm_90, compiled
+# on the CPU) gives 8 warps 92-120 registers a thread for K ≤ 4096 (two programs per SM), against 146-186 with 16384
+# (one): each thread also holds its share of the K-long input row. Not yet timed on a GPU (benchmarks/fused_gemv.py).
+TILE_ELEMENTS = 8192
 NUM_WARPS = 8
 
 NONE, LAYER_NORM, GATED_RMS = 0, 1, 2  # prologues
 CONV, GLU = 1, 2  # epilogues (and NONE)
+# The same as constants a kernel may read (Triton refuses other globals inside @jit functions).
+K_NONE, K_LAYER_NORM, K_GATED_RMS = tl.constexpr(NONE), tl.constexpr(LAYER_NORM), tl.constexpr(GATED_RMS)
+K_CONV, K_GLU = tl.constexpr(CONV), tl.constexpr(GLU)
 
 
 @triton.jit
@@ -84,7 +88,8 @@ def _gated_rms_row(x_ptr, stats_ptr, nw, k, k_ok, group_size, eps, GROUPS: tl.co
 
 
 @triton.jit
-def _gemv_kernel(
+def gemv_tile(
+    n0, store_sum,
     x_ptr, r_ptr, nw_ptr, nb_ptr, stats_ptr, w_ptr, bias_ptr, out_ptr, sum_ptr, conv_ptr, cw_ptr, cb_ptr,
     N, K, conv_lo, conv_hi, eps, group_size,
     stride_x, stride_r, stride_w, stride_o, stride_s, stride_cb, stride_cc, stride_ck, stride_wc, stride_wk,
@@ -93,30 +98,31 @@ def _gemv_kernel(
     PROGRAMS: tl.constexpr, PROGRAMS_P2: tl.constexpr, KC: tl.constexpr, KCP: tl.constexpr,
     HAS_CONV_BIAS: tl.constexpr, ACC: tl.constexpr, GDC: tl.constexpr,
 ):  # fmt: skip
-    pid = tl.program_id(0)
-    n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    """One program's work: output channels ``n0 .. n0 + BLOCK_N`` for every row (the module docstring); the program
+    told ``store_sum`` stores the new residual of a ``LAYER_NORM`` prologue."""
+    n = n0 + tl.arange(0, BLOCK_N)
     k = tl.arange(0, BLOCK_K)
     n_ok = n < N
     k_ok = k < K
     tile_ok = n_ok[:, None] & k_ok[None, :]
     w = tl.load(w_ptr + n[:, None] * stride_w + k[None, :], mask=tile_ok, other=0.0)
-    if EPILOGUE == GLU:
+    if EPILOGUE == K_GLU:
         w_gate = tl.load(w_ptr + (n[:, None] + N) * stride_w + k[None, :], mask=tile_ok, other=0.0)
     enter(GDC)  # everything below reads what the kernels before wrote
     w = w.to(ACC)  # once for every row (TILE_ELEMENTS / (32 · NUM_WARPS) registers a thread)
-    if EPILOGUE == GLU:
+    if EPILOGUE == K_GLU:
         w_gate = w_gate.to(ACC)
     act = out_ptr.dtype.element_ty
-    if PROLOGUE != NONE:
+    if PROLOGUE != K_NONE:
         nw = tl.load(nw_ptr + k, mask=k_ok, other=0.0).to(ACC)
         nb = nw  # unread without a norm bias
         if HAS_NORM_BIAS:
             nb = tl.load(nb_ptr + k, mask=k_ok, other=0.0).to(ACC)
     if HAS_BIAS:
         bias = tl.load(bias_ptr + n, mask=n_ok, other=0.0).to(ACC)
-        if EPILOGUE == GLU:
+        if EPILOGUE == K_GLU:
             bias_gate = tl.load(bias_ptr + N + n, mask=n_ok, other=0.0).to(ACC)
-    if EPILOGUE == CONV:  # this tile's conv channels; none in most tiles, whose masked accesses touch no memory
+    if EPILOGUE == K_CONV:  # this tile's conv channels; none in most tiles, whose masked accesses touch no memory
         ch = n - conv_lo
         conv_ok = n_ok & (n >= conv_lo) & (n < conv_hi)
         kk = tl.arange(0, KCP)
@@ -125,10 +131,10 @@ def _gemv_kernel(
         if HAS_CONV_BIAS:
             cb = tl.load(cb_ptr + ch, mask=conv_ok, other=0.0).to(ACC)
     for m in tl.static_range(M):
-        if PROLOGUE == LAYER_NORM:
+        if PROLOGUE == K_LAYER_NORM:
             y = _layer_norm_row(x_ptr + m * stride_x, r_ptr + m * stride_r, sum_ptr + m * stride_s, nw, nb, k, k_ok,
-                                K, eps, pid == 0, HAS_RESIDUAL, HAS_NORM_BIAS, ACC)  # fmt: skip
-        elif PROLOGUE == GATED_RMS:
+                                K, eps, store_sum, HAS_RESIDUAL, HAS_NORM_BIAS, ACC)  # fmt: skip
+        elif PROLOGUE == K_GATED_RMS:
             y = _gated_rms_row(x_ptr + m * stride_x, stats_ptr + m * GROUPS * PROGRAMS, nw, k, k_ok, group_size, eps,
                                GROUPS, PROGRAMS, PROGRAMS_P2, BLOCK_K, ACC)  # fmt: skip
         else:
@@ -138,7 +144,7 @@ def _gemv_kernel(
         if HAS_BIAS:
             v += bias
         v = v.to(act)
-        if EPILOGUE == CONV:
+        if EPILOGUE == K_CONV:
             state = conv_ptr + m * stride_cb + ch[:, None] * stride_cc
             shifted_ok = conv_ok[:, None] & (kk[None, :] + 1 < KC)
             older = tl.load(state + (kk[None, :] + 1) * stride_ck, mask=shifted_ok, other=0.0)
@@ -150,7 +156,7 @@ def _gemv_kernel(
             tl.debug_barrier()  # every read of the old conv state precedes the write of the shifted one
             tl.store(state + kk[None, :] * stride_ck, window, mask=taps_ok)
             v = tl.where(conv_ok, c.to(act), v)
-        elif EPILOGUE == GLU:
+        elif EPILOGUE == K_GLU:
             gate = tl.sum(w_gate * y[None, :], axis=1)
             if HAS_BIAS:
                 gate += bias_gate
@@ -158,6 +164,32 @@ def _gemv_kernel(
             silu = (gate * tl.sigmoid(gate)).to(act).to(ACC)  # SiLU rounded before the product, as two ops round
             v = (v.to(ACC) * silu).to(act)
         tl.store(out_ptr + m * stride_o + n, v, mask=n_ok)
+
+
+@triton.jit
+def _gemv_kernel(
+
+    x_ptr, r_ptr, nw_ptr, nb_ptr, stats_ptr, w_ptr, bias_ptr, out_ptr, sum_ptr, conv_ptr, cw_ptr, cb_ptr,
+    N, K, conv_lo, conv_hi, eps, group_size,
+    stride_x, stride_r, stride_w, stride_o, stride_s, stride_cb, stride_cc, stride_ck, stride_wc, stride_wk,
+    M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PROLOGUE: tl.constexpr, EPILOGUE: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr, HAS_NORM_BIAS: tl.constexpr, HAS_BIAS: tl.constexpr, GROUPS: tl.constexpr,
+    PROGRAMS: tl.constexpr, PROGRAMS_P2: tl.constexpr, KC: tl.constexpr, KCP: tl.constexpr,
+    HAS_CONV_BIAS: tl.constexpr, ACC: tl.constexpr, GDC: tl.constexpr,
+):  # fmt: skip
+    pid = tl.program_id(0)
+    gemv_tile(
+        pid * BLOCK_N, pid == 0, x_ptr, r_ptr, nw_ptr, nb_ptr, stats_ptr, w_ptr, bias_ptr, out_ptr, sum_ptr,
+        conv_ptr, cw_ptr, cb_ptr, N, K, conv_lo, conv_hi, eps, group_size, stride_x, stride_r, stride_w,
+        stride_o, stride_s, stride_cb, stride_cc, stride_ck, stride_wc, stride_wk, M, BLOCK_N, BLOCK_K,
+        PROLOGUE, EPILOGUE, HAS_RESIDUAL, HAS_NORM_BIAS, HAS_BIAS, GROUPS, PROGRAMS, PROGRAMS_P2, KC, KCP,
+        HAS_CONV_BIAS, ACC, GDC,
+    )  # fmt: skip
+
+
+def block_n(k: int, glu: bool = False) -> int:
+    """Output channels per program for a reduction of ``k`` (a power of two)."""
+    return max(1, min(64, TILE_ELEMENTS // (triton.next_power_of_2(k) * (2 if glu else 1))))
 
 
 def acc_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -203,7 +235,6 @@ def gemv(
         groups, programs = stats.shape[1:]
     else:
         groups, programs = 1, 1
-    block_n = max(2, min(64, TILE_ELEMENTS // (triton.next_power_of_2(k) * (2 if epilogue == GLU else 1))))
     if conv is not None:
         state, conv_weight, conv_bias, conv_lo = conv
         conv_args = (conv_lo, conv_lo + state.shape[1])
@@ -216,13 +247,14 @@ def gemv(
     def ptr(t: torch.Tensor | None) -> torch.Tensor:
         return weight if t is None else t  # a pointer the kernel never reads (its constexpr flag is off)
 
-    _gemv_kernel[(triton.cdiv(n, block_n),)](
+    tile = block_n(k, epilogue == GLU)
+    _gemv_kernel[(triton.cdiv(n, tile),)](
         x, ptr(residual), ptr(norm_weight), ptr(norm_bias), ptr(stats), weight, ptr(bias), out, ptr(total),
         ptr(state), ptr(conv_weight), ptr(conv_bias),
         n, k, *conv_args, eps, group_size,
         x.stride(0), residual.stride(0) if residual is not None else 0, weight.stride(0), out.stride(0),
         total.stride(0) if total is not None else 0, *conv_strides,
-        M=m, BLOCK_N=block_n, BLOCK_K=triton.next_power_of_2(k), PROLOGUE=prologue, EPILOGUE=epilogue,
+        M=m, BLOCK_N=tile, BLOCK_K=triton.next_power_of_2(k), PROLOGUE=prologue, EPILOGUE=epilogue,
         HAS_RESIDUAL=residual is not None, HAS_NORM_BIAS=norm_bias is not None, HAS_BIAS=bias is not None,
         GROUPS=groups, PROGRAMS=programs, PROGRAMS_P2=triton.next_power_of_2(programs), KC=kc,
         KCP=triton.next_power_of_2(kc), HAS_CONV_BIAS=conv_bias is not None,

@@ -22,18 +22,50 @@ import torch
 from zonos.ops.mamba_step import step_tail_shapes
 from zonos_accel.triton import gemv, pdl
 from zonos_accel.triton._support import check_tensors, interpreting, tl, triton
+from zonos_accel.triton.gemv import K_CONV, K_LAYER_NORM, gemv_tile
 from zonos_accel.triton.pdl import enter
 from zonos_accel.triton.state_update import _softplus
 
 MAX_ROWS = gemv.MAX_ROWS
+# The state update inside in_proj's launch (two launches per block): each tile counts itself into the heads it feeds,
+# and the tile that completes a head's inputs updates that head. Off: a launch of its own (three per block). Not yet
+# timed against each other on a GPU (benchmarks/mamba_decode_ops.py --parts block).
+SSM_IN_PROJ = False
 BLOCK_P = 16  # channels of a head per state-update program, as zonos_accel/triton/state_update.py
 STATE_WARPS = 4
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
 @triton.jit
+def _ssm_slice(zx_row, state_row, A_ptr, D_ptr, dt_bias_ptr, gated_row, h, g, rows, cols, row_ok, col_ok, p, n,
+               d_inner, groups, stride_sh, stride_sp, stride_sn, ACC: tl.constexpr):  # fmt: skip
+    """Channels ``rows`` of head ``h`` of one sequence (its [z | x B C (convolved) | dt] row ``zx_row``, its state
+    ``state_row``): the state update, y, the gate y · SiLU(z) (stored in float32 at ``gated_row``); returns the
+    slice's sum of squares. The row's values may come from other programs of this launch: loaded from L2 (.cg)."""
+    act = zx_row.dtype.element_ty
+    ch = h * p + rows
+    x = tl.load(zx_row + d_inner + ch, mask=row_ok, other=0.0, cache_modifier=".cg").to(ACC)
+    Bv = tl.load(zx_row + 2 * d_inner + g * n + cols, mask=col_ok, other=0.0, cache_modifier=".cg").to(ACC)
+    Cv = tl.load(zx_row + 2 * d_inner + (groups + g) * n + cols, mask=col_ok, other=0.0, cache_modifier=".cg")
+    raw_dt = tl.load(zx_row + 2 * d_inner + 2 * groups * n + h, cache_modifier=".cg").to(ACC)
+    dt = _softplus(raw_dt + tl.load(dt_bias_ptr + h).to(ACC))
+    decay = tl.exp(dt * tl.load(A_ptr + h).to(ACC))
+    tile_ok = row_ok[:, None] & col_ok[None, :]
+    state_ptrs = state_row + h * stride_sh + rows[:, None] * stride_sp + cols[None, :] * stride_sn
+    state = tl.load(state_ptrs, mask=tile_ok, other=0.0).to(ACC)
+    state = state * decay + (dt * x)[:, None] * Bv[None, :]
+    tl.store(state_ptrs, state.to(state_row.dtype.element_ty), mask=tile_ok)
+    y = tl.sum(state * Cv.to(ACC)[None, :], axis=1) + x * tl.load(D_ptr + h).to(ACC)
+    y = y.to(act).to(ACC)
+    zv = tl.load(zx_row + ch, mask=row_ok, other=0.0, cache_modifier=".cg").to(ACC)
+    gated = tl.where(row_ok, y * (zv * tl.sigmoid(zv)), 0.0)
+    tl.store(gated_row + ch, gated, mask=row_ok)
+    return tl.sum(gated * gated, axis=0)
+
+
+@triton.jit
 def _ssm_gate_kernel(
-    zx_ptr, ssm_ptr, A_ptr, D_ptr, dt_bias_ptr, gated_ptr, partial_ptr,
+    zx_ptr, ssm_ptr, A_ptr, D_ptr, dt_bias_ptr, gated_ptr, stats_ptr,
     p, n, d_inner, groups, heads_per_group,
     stride_zb, stride_sb, stride_sh, stride_sp, stride_sn,
     BLOCK_P: tl.constexpr, BLOCK_S: tl.constexpr, PROGRAMS: tl.constexpr, ACC: tl.constexpr, GDC: tl.constexpr,
@@ -43,35 +75,68 @@ def _ssm_gate_kernel(
     h = tl.program_id(1)
     b = tl.program_id(2).to(tl.int64)
     g = h // heads_per_group
-    act = zx_ptr.dtype.element_ty
     rows = pb * BLOCK_P + tl.arange(0, BLOCK_P)
     cols = tl.arange(0, BLOCK_S)
-    row_ok = rows < p
-    col_ok = cols < n
-    row = zx_ptr + b * stride_zb  # [z | x B C (convolved) | dt] of this sequence
-    ch = h * p + rows
-    x = tl.load(row + d_inner + ch, mask=row_ok, other=0.0).to(ACC)
-    Bv = tl.load(row + 2 * d_inner + g * n + cols, mask=col_ok, other=0.0).to(ACC)
-    Cv = tl.load(row + 2 * d_inner + (groups + g) * n + cols, mask=col_ok, other=0.0).to(ACC)
-    dt = _softplus(tl.load(row + 2 * d_inner + 2 * groups * n + h).to(ACC) + tl.load(dt_bias_ptr + h).to(ACC))
-    decay = tl.exp(dt * tl.load(A_ptr + h).to(ACC))
-    tile_ok = row_ok[:, None] & col_ok[None, :]
-    state_ptrs = ssm_ptr + b * stride_sb + h * stride_sh + rows[:, None] * stride_sp + cols[None, :] * stride_sn
-    state = tl.load(state_ptrs, mask=tile_ok, other=0.0).to(ACC)
-    state = state * decay + (dt * x)[:, None] * Bv[None, :]
-    tl.store(state_ptrs, state.to(ssm_ptr.dtype.element_ty), mask=tile_ok)
-    y = tl.sum(state * Cv[None, :], axis=1) + x * tl.load(D_ptr + h).to(ACC)
-    y = y.to(act).to(ACC)
-    zv = tl.load(row + ch, mask=row_ok, other=0.0).to(ACC)
-    gated = tl.where(row_ok, y * (zv * tl.sigmoid(zv)), 0.0)
-    tl.store(gated_ptr + b * d_inner + ch, gated, mask=row_ok)
+    sumsq = _ssm_slice(zx_ptr + b * stride_zb, ssm_ptr + b * stride_sb, A_ptr, D_ptr, dt_bias_ptr,
+                       gated_ptr + b * d_inner, h, g, rows, cols, rows < p, cols < n, p, n, d_inner, groups,
+                       stride_sh, stride_sp, stride_sn, ACC)  # fmt: skip
     j = (h % heads_per_group) * tl.num_programs(0) + pb  # this program's place in its group
-    tl.store(partial_ptr + (b * groups + g) * PROGRAMS + j, tl.sum(gated * gated, axis=0))
+    tl.store(stats_ptr + (b * groups + g) * PROGRAMS + j, sumsq)
+
+
+@triton.jit
+def _in_proj_ssm_kernel(
+    x_ptr, r_ptr, nw_ptr, nb_ptr, w_ptr, zx_ptr, sum_ptr, conv_ptr, cw_ptr, cb_ptr,
+    ssm_ptr, A_ptr, D_ptr, dt_bias_ptr, gated_ptr, stats_ptr, count_ptr,
+    N, K, eps, d_inner, conv_dim, p, n, groups, heads, heads_per_group,
+    stride_x, stride_r, stride_w, stride_o, stride_s, stride_cb, stride_cc, stride_ck, stride_wc, stride_wk,
+    stride_sb, stride_sh, stride_sp, stride_sn,
+    M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+    HAS_NORM_BIAS: tl.constexpr, KC: tl.constexpr, KCP: tl.constexpr, HAS_CONV_BIAS: tl.constexpr,
+    BC_TILES: tl.constexpr, SHARED_TILES: tl.constexpr, HEAD_TILES: tl.constexpr, TARGET: tl.constexpr,
+    SSM_P: tl.constexpr, BLOCK_S: tl.constexpr, ACC: tl.constexpr, GDC: tl.constexpr,
+):  # fmt: skip
+    pid = tl.program_id(0)
+    # Tiles in dispatch order: B and C, then dt (every head needs them), then each head's z and x tiles, so a head's
+    # inputs are complete about when its own tiles finish and the state updates spread over the launch.
+    if pid < BC_TILES:
+        n0 = 2 * d_inner + pid * BLOCK_N
+        first = ((n0 - 2 * d_inner) // n) % groups * heads_per_group  # a B or C tile feeds its group's heads
+        last = first + heads_per_group
+    elif pid < SHARED_TILES:
+        n0 = 2 * d_inner + 2 * groups * n + (pid - BC_TILES) * BLOCK_N
+        first = n0 - 2 * d_inner - 2 * groups * n  # a dt tile feeds the heads it holds
+        last = tl.minimum(first + BLOCK_N, heads)
+    else:
+        first = (pid - SHARED_TILES) // HEAD_TILES
+        last = first + 1
+        t = (pid - SHARED_TILES) % HEAD_TILES
+        n0 = first * p + (t % (HEAD_TILES // 2)) * BLOCK_N + (t // (HEAD_TILES // 2)) * d_inner  # z, then x
+    gemv_tile(
+        n0, pid == 0, x_ptr, r_ptr, nw_ptr, nb_ptr, nw_ptr, w_ptr, w_ptr, zx_ptr, sum_ptr, conv_ptr, cw_ptr, cb_ptr,
+        N, K, d_inner, d_inner + conv_dim, eps, 1, stride_x, stride_r, stride_w, stride_o, stride_s, stride_cb,
+        stride_cc, stride_ck, stride_wc, stride_wk, M, BLOCK_N, BLOCK_K, K_LAYER_NORM, K_CONV, HAS_RESIDUAL,
+        HAS_NORM_BIAS, False, 1, 1, 1, KC, KCP, HAS_CONV_BIAS, ACC, GDC,
+    )  # fmt: skip
+    tl.debug_barrier()  # the tile's stores precede its counts (released with them)
+    cols = tl.arange(0, BLOCK_S)
+    for head in range(first, last):
+        if tl.atomic_add(count_ptr + head, 1, sem="acq_rel") == TARGET - 1:  # the head's last input: update it
+            tl.store(count_ptr + head, 0)  # every tile has counted: ready for the next call
+            g = head // heads_per_group
+            for m in range(M):  # a loop, not unrolled: this runs once a head, off the GEMV's path
+                sumsq = tl.sum(tl.zeros([SSM_P], dtype=ACC), axis=0)
+                for p0 in range(0, p, SSM_P):  # blocks of the head's channels, as the three-launch kernel's programs
+                    rows = p0 + tl.arange(0, SSM_P)
+                    sumsq += _ssm_slice(zx_ptr + m * stride_o, ssm_ptr + m * stride_sb, A_ptr, D_ptr, dt_bias_ptr,
+                                        gated_ptr + m * d_inner, head, g, rows, cols, rows < p, cols < n, p, n,
+                                        d_inner, groups, stride_sh, stride_sp, stride_sn, ACC)  # fmt: skip
+                tl.store(stats_ptr + (m * groups + g) * heads_per_group + head % heads_per_group, sumsq)
 
 
 def fits(
     hidden: torch.Tensor, residual, norm_weight, norm_bias, norm_eps, in_weight: torch.Tensor, conv_state, conv_weight,
-    conv_bias, ssm_state: torch.Tensor, A, D, dt_bias, gate_weight, gate_eps, out_weight,
+    conv_bias, ssm_state: torch.Tensor, A, D, dt_bias, gate_weight, gate_eps, out_weight, counters=None,
 ) -> bool:  # fmt: skip
     """Whether :func:`mamba_block_step` serves this call (its arguments): up to :data:`MAX_ROWS` rows of a float
     dtype, d_model and d_inner up to :data:`gemv.MAX_K`, on a CUDA device (or the CPU under Triton's interpreter); the
@@ -98,9 +163,11 @@ def mamba_block_step(
     gate_weight: torch.Tensor,
     gate_eps: float,
     out_weight: torch.Tensor,
+    counters: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Same contract as :func:`zonos.ops.mamba_step.mamba_block_step` (the composition it is tested against), for
-    the calls :func:`fits` accepts."""
+    the calls :func:`fits` accepts. With :data:`SSM_IN_PROJ` and the decode cache's ``counters`` (h,) int32 zeros
+    (left zero), the state update runs inside in_proj's launch (two launches, where the shapes allow)."""
     check_tensors("mamba_block_step", hidden=hidden, residual=residual, norm_weight=norm_weight, norm_bias=norm_bias,
                   in_weight=in_weight, conv_state=conv_state, conv_weight=conv_weight, conv_bias=conv_bias,
                   ssm_state=ssm_state, A=A, D=D, dt_bias=dt_bias, gate_weight=gate_weight,
@@ -127,22 +194,65 @@ def mamba_block_step(
     cdt = gemv.acc_dtype(hidden.dtype)
     device = hidden.device
 
-    zx, total = gemv.gemv(
-        hidden, in_weight, prologue=gemv.LAYER_NORM, residual=residual, norm_weight=norm_weight, norm_bias=norm_bias,
-        eps=norm_eps, epilogue=gemv.CONV, conv=(conv_state, conv_weight, conv_bias, d_inner),
-    )  # fmt: skip
-    tiles = triton.cdiv(p, BLOCK_P)
-    programs = tiles * (h // groups)
-    gated = torch.empty(b, d_inner, device=device, dtype=cdt)
-    stats = torch.empty(b, groups, programs, device=device, dtype=cdt)
-    _ssm_gate_kernel[(tiles, h, b)](
-        zx, ssm_state, A, D, dt_bias, gated, stats,
-        p, n, d_inner, groups, h // groups, zx.stride(0), *ssm_state.stride(),
-        BLOCK_P=BLOCK_P, BLOCK_S=triton.next_power_of_2(n), PROGRAMS=programs,
-        ACC=tl.float64 if cdt == torch.float64 else tl.float32, num_warps=STATE_WARPS, **pdl.options(device),
-    )  # fmt: skip
+    tile = gemv.block_n(d)
+    if SSM_IN_PROJ and counters is not None and p % tile == 0 and n % tile == 0:
+        if counters.shape != (h,) or counters.dtype != torch.int32 or not counters.is_contiguous():
+            raise ValueError(f"mamba_block_step's counters must be contiguous int32 zeros of shape ({h},)")
+        zx, total, gated, stats = _in_proj_with_state_update(
+            hidden, residual, norm_weight, norm_bias, norm_eps, in_weight, conv_state, conv_weight, conv_bias,
+            ssm_state, A, D, dt_bias, counters, tile,
+        )  # fmt: skip
+    else:
+        zx, total = gemv.gemv(
+            hidden, in_weight, prologue=gemv.LAYER_NORM, residual=residual, norm_weight=norm_weight,
+            norm_bias=norm_bias, eps=norm_eps, epilogue=gemv.CONV, conv=(conv_state, conv_weight, conv_bias, d_inner),
+        )  # fmt: skip
+        tiles = triton.cdiv(p, BLOCK_P)
+        programs = tiles * (h // groups)
+        gated = torch.empty(b, d_inner, device=device, dtype=cdt)
+        stats = torch.empty(b, groups, programs, device=device, dtype=cdt)
+        _ssm_gate_kernel[(tiles, h, b)](
+            zx, ssm_state, A, D, dt_bias, gated, stats,
+            p, n, d_inner, groups, h // groups, zx.stride(0), *ssm_state.stride(),
+            BLOCK_P=BLOCK_P, BLOCK_S=triton.next_power_of_2(n), PROGRAMS=programs,
+            ACC=tl.float64 if cdt == torch.float64 else tl.float32, num_warps=STATE_WARPS, **pdl.options(device),
+        )  # fmt: skip
     out, _ = gemv.gemv(
         gated, out_weight, prologue=gemv.GATED_RMS, norm_weight=gate_weight, eps=gate_eps, stats=stats,
         group_size=d_inner // groups, out_dtype=zx.dtype,
     )  # fmt: skip
     return out, total
+
+
+def _in_proj_with_state_update(hidden, residual, norm_weight, norm_bias, eps, in_weight, conv_state, conv_weight,
+                               conv_bias, ssm_state, A, D, dt_bias, counters, tile):  # fmt: skip
+    """in_proj (its norm, conv) and the state update in one launch (``_in_proj_ssm_kernel``): (zx, residual, gated,
+    per-head sums of squares (b, groups, heads per group))."""
+    b, d = hidden.shape
+    h, p, n, groups, d_inner = step_tail_shapes(conv_state, ssm_state)
+    conv_dim = conv_state.shape[1]
+    n_in = d_inner + conv_dim + h
+    device = hidden.device
+    cdt = gemv.acc_dtype(hidden.dtype)
+    zx = torch.empty(b, n_in, device=device, dtype=hidden.dtype)
+    total = hidden
+    if residual is not None:
+        total = torch.empty(b, d, device=device, dtype=torch.promote_types(hidden.dtype, residual.dtype))
+    gated = torch.empty(b, d_inner, device=device, dtype=cdt)
+    stats = torch.empty(b, groups, h // groups, device=device, dtype=cdt)
+    bc_tiles, dt_tiles, head_tiles = 2 * groups * n // tile, triton.cdiv(h, tile), 2 * p // tile
+    _in_proj_ssm_kernel[(bc_tiles + dt_tiles + h * head_tiles,)](
+        hidden, residual if residual is not None else hidden, norm_weight,
+        norm_bias if norm_bias is not None else norm_weight, in_weight, zx, total, conv_state, conv_weight,
+        conv_bias if conv_bias is not None else conv_weight, ssm_state, A, D, dt_bias, gated, stats, counters,
+        n_in, d, eps, d_inner, conv_dim, p, n, groups, h, h // groups,
+        hidden.stride(0), residual.stride(0) if residual is not None else 0, in_weight.stride(0), zx.stride(0),
+        total.stride(0), *conv_state.stride(), conv_weight.stride(0), conv_weight.stride(2), *ssm_state.stride(),
+        M=b, BLOCK_N=tile, BLOCK_K=triton.next_power_of_2(d), HAS_RESIDUAL=residual is not None,
+        HAS_NORM_BIAS=norm_bias is not None, KC=conv_state.shape[2], KCP=triton.next_power_of_2(conv_state.shape[2]),
+        HAS_CONV_BIAS=conv_bias is not None, BC_TILES=bc_tiles, SHARED_TILES=bc_tiles + dt_tiles,
+        HEAD_TILES=head_tiles, TARGET=2 * n // tile + 1 + head_tiles, SSM_P=min(BLOCK_P, triton.next_power_of_2(p)),
+        BLOCK_S=triton.next_power_of_2(n), ACC=tl.float64 if cdt == torch.float64 else tl.float32,
+        num_warps=gemv.NUM_WARPS, **pdl.options(device),
+    )  # fmt: skip
+    return zx, total, gated, stats

@@ -13,8 +13,9 @@ the caller's ``chunk_size`` is not used), and each stage is one launch over ever
 
 Products that feed the states run in float32 (TF32 three times on the GPU, about float32's accuracy): the prompt's
 final state is what every decode step starts from. The attention-like C·Bᵀ·x product runs in the inputs' dtype,
-as mamba_ssm's and the CuTeDSL scan's do. Kernels compile once per (head dim, state size, dtypes, initial state or
-not): the length is a runtime value, so Triton's disk cache serves every prompt of a warm process.
+as mamba_ssm's and the CuTeDSL scan's do, and y's share from the entering state in TF32 (float32 inputs: TF32×3).
+Kernels compile once per (head dim, state size, dtypes, initial state or not): the length is a runtime value, so
+Triton's disk cache serves every prompt of a warm process.
 """
 
 from __future__ import annotations
@@ -29,7 +30,11 @@ from zonos_accel.triton.pdl import enter
 
 CHUNK = 64  # tokens per chunk: the (chunk × chunk) scores and the (head dim × state) chunk states fit a program
 STATE_ROWS = 16  # channels of a head per state-passing program (64 × 128 fp32 states in 4 programs)
+STATE_PIECE = 32  # state channels per step of the chunk scan's entering-state product
 NUM_WARPS = 4
+# The chunk scan's warps: ptxas (sm_90, compiled on the CPU) fits its bf16 program in 250 registers a thread with 8
+# warps and spills 248 bytes with 4.
+SCAN_WARPS = 8
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
@@ -105,8 +110,8 @@ def _chunk_scan_kernel(
     L, H, heads_per_group, P, N, chunks,
     stride_xb, stride_xl, stride_xh, stride_dtb, stride_dtl, stride_dth, stride_bb, stride_bl, stride_bg,
     stride_cb, stride_cl, stride_cg, stride_yb, stride_yl, stride_yh,
-    HAS_D: tl.constexpr, Q: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, FP32: tl.constexpr,
-    GDC: tl.constexpr,
+    HAS_D: tl.constexpr, Q: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, STATE_PIECE: tl.constexpr,
+    FP32: tl.constexpr, GDC: tl.constexpr,
 ):  # fmt: skip
     enter(GDC)
     c = tl.program_id(0)
@@ -136,9 +141,20 @@ def _chunk_scan_kernel(
         y = tl.dot(scores, x, input_precision="tf32x3")
     else:
         y = tl.dot(scores.to(x.dtype), x)
+    # The entering state's share, over the state size in pieces (C loaded again, from L2), which keeps a program's
+    # fp32 operands in registers: y += exp(a_t) · C_t · stateᵀ.
     cell = (b * chunks + c) * H + h
-    entering = tl.load(entering_ptr + cell * BLOCK_P * BLOCK_N + rp[:, None] * BLOCK_N + rn[None, :])
-    y += tl.exp(a_cum)[:, None] * tl.dot(Cm.to(tl.float32), tl.trans(entering), input_precision="tf32x3")
+    from_state = tl.zeros([Q, BLOCK_P], dtype=tl.float32)
+    for n0 in tl.static_range(0, BLOCK_N, STATE_PIECE):
+        rs = n0 + tl.arange(0, STATE_PIECE)
+        piece = tl.load(C_ptr + b * stride_cb + g * stride_cg + t[:, None] * stride_cl + rs[None, :],
+                        mask=t_ok[:, None] & (rs[None, :] < N), other=0.0).to(tl.float32)  # fmt: skip
+        entering = tl.load(entering_ptr + cell * BLOCK_P * BLOCK_N + rp[:, None] * BLOCK_N + rs[None, :])
+        if FP32:
+            from_state += tl.dot(piece, tl.trans(entering), input_precision="tf32x3")
+        else:  # TF32: its rounding (~5e-4) is a quarter of y's own in bf16, and TF32×3 spills (ptxas, sm_90)
+            from_state += tl.dot(piece, tl.trans(entering), input_precision="tf32")
+    y += tl.exp(a_cum)[:, None] * from_state
     if HAS_D:
         y += tl.load(D_ptr + h).to(tl.float32) * x.to(tl.float32)
     tl.store(y_ptr + b * stride_yb + h * stride_yh + t[:, None] * stride_yl + rp[None, :],
@@ -188,6 +204,7 @@ def ssd_scan(
     entering = torch.empty_like(states)
     decay = torch.empty(b, h, chunks, device=device, dtype=torch.float32)
     launch = {"num_warps": NUM_WARPS, **pdl.options(device)}
+    scan_launch = {**launch, "num_warps": SCAN_WARPS}
     common = (l, h, h // g, p, n, chunks, *x.stride()[:3], *dt.stride(), *B.stride()[:3])
     _chunk_state_kernel[(chunks, b * h)](x, dt, A, B, states, decay, *common, Q=CHUNK, BLOCK_P=bp, BLOCK_N=bn,
                                          **launch)  # fmt: skip
@@ -203,6 +220,7 @@ def ssd_scan(
     )  # fmt: skip
     _chunk_scan_kernel[(chunks, b * h)](
         x, dt, A, B, C, D if D is not None else A, entering, y, *common, *C.stride()[:3], *y.stride()[:3],
-        HAS_D=D is not None, Q=CHUNK, BLOCK_P=bp, BLOCK_N=bn, FP32=x.dtype == torch.float32, **launch,
+        HAS_D=D is not None, Q=CHUNK, BLOCK_P=bp, BLOCK_N=bn, STATE_PIECE=min(STATE_PIECE, bn),
+        FP32=x.dtype == torch.float32, **scan_launch,
     )  # fmt: skip
     return y, final

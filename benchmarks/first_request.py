@@ -61,6 +61,8 @@ CASES = {
     "warm": ("plain", False, {}),
     # model.warmup() first (its compile-ahead pass on), then the requests: what a server's start pays
     "cold-warmup": ("warmup", True, {WARMUP_ENV: "1"}),
+    # the same with the compiles in a process per core (Zonos.warmup's compile_processes)
+    "cold-warmup-processes": ("warmup", True, {WARMUP_ENV: "processes"}),
 }
 # issue 36: (case, column, at most s)
 TARGETS = (
@@ -131,7 +133,11 @@ def child(args: argparse.Namespace) -> None:
     stamps["ready"] = time.perf_counter()
     dynamo = ["torch._dynamo" in sys.modules]  # an op on a meta tensor imports it (seconds): at ready, at the end
     if os.environ.get(WARMUP_ENV) and accel:
-        model.warmup(prefix_length=args.prefix, frames=args.frames, cfg_scale=args.cfg_scale, progress_bar=False)
+        from zonos_accel.compile_ahead import default_workers
+
+        processes = default_workers() if os.environ[WARMUP_ENV] == "processes" else 0
+        model.warmup(prefix_length=args.prefix, frames=args.frames, cfg_scale=args.cfg_scale, progress_bar=False,
+                     compile_processes=processes)  # fmt: skip
         sync()
     stamps["warmed"] = time.perf_counter()
 

@@ -550,6 +550,7 @@ def test_bad_speak_input_is_one_line_before_loading(argv, message, files, clip, 
         (["bench", "--language", "xx", "--device", "cpu"], "--language: "),
         (["bench", "--device", "cpu", "--cute-gemv"], "--cute-gemv runs CUDA kernels"),
         (["bench", "--model", "{d}/missing"], "no such directory"),
+        (["warmup", "--compile-processes", "-1", "--device", "cpu"], "--compile-processes -1: must be 0 or more"),
         (["transcribe"], "argument COMMAND: invalid choice: 'transcribe'"),
         ([], "the following arguments are required: COMMAND"),
     ],
@@ -671,7 +672,12 @@ def test_warmup_on_cuda_compiles_every_prefill_length_and_names_the_cache(dirs, 
         (
             "warmup",
             dict(
-                cfg_scale=1.5, sampling_params={"min_p": 0.0}, streams=8, all_prefill_lengths=True, progress_bar=False
+                cfg_scale=1.5,
+                sampling_params={"min_p": 0.0},
+                streams=8,
+                all_prefill_lengths=True,
+                progress_bar=False,
+                compile_processes=0,
             ),
         ),
     ]

@@ -99,6 +99,85 @@ def test_a_failed_compile_is_left_to_the_first_launch():
     assert recorder.finish() == (1, 1)
 
 
+def test_with_processes_each_specialization_goes_to_a_process_then_preloads_on_a_thread(monkeypatch):
+    """Recorded launches go to the compile processes (module, name, specialization); finish waits for them, then
+    preloads every kernel on the threads (from the cache, or compiling there what a process failed to) and loads it."""
+    from concurrent.futures import Future
+
+    from zonos_accel import compile_worker
+
+    submitted = []
+
+    class Processes:
+        def __init__(self, count, cache_dir):
+            self.count, self.closed = count, False
+
+        def submit(self, module, qualname, data):
+            submitted.append((module, qualname, data))
+            future = Future()
+            if qualname == "bad":
+                future.set_exception(RuntimeError("compile failed in the process"))
+            else:
+                future.set_result(qualname)
+            return future
+
+        def shutdown(self):
+            self.closed = True
+
+    monkeypatch.setattr(compile_worker, "CompileProcesses", Processes)
+    conv, bad = _Jit(), _Jit()
+    with KernelRecorder(lambda: True, CPU, workers=2, processes=3) as recorder:
+        _launch("conv", conv, "a")
+        _launch("conv", conv, "a")
+        _launch("bad", bad, "a")
+        assert conv.preloaded == [] and bad.preloaded == []  # nothing compiles in this process while recording
+    assert submitted == [(None, "conv", "conv:a"), (None, "bad", "bad:a")]
+    assert recorder.finish() == (2, 0)
+    assert conv.preloaded == ["conv:a"] and bad.preloaded == ["bad:a"]  # the failed one compiled on a thread
+    assert all(k.loads == 1 for k in conv.kernels + bad.kernels)
+
+
+def test_a_compile_process_fills_the_cache_the_recording_process_then_hits(tmp_path, monkeypatch):
+    """A real specialization (Triton's own serialization of a launch of one of our kernels, for sm_90) compiled in a
+    compile process lands under the cache key this process computes: its compile afterwards writes nothing new. A
+    specialization the compiler refuses comes back as the process's error. Needs no GPU."""
+    import os
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from triton.compiler.compiler import make_backend
+    from triton.runtime.jit import serialize_specialization_data
+
+    from zonos_accel.compile_worker import CompileProcesses
+    from zonos_accel.triton.activations import _silu_mul_kernel as kernel
+
+    monkeypatch.setattr(knobs.cache, "dir", str(tmp_path))
+    target = GPUTarget("cuda", 90, 32)
+    names = kernel.arg_names
+    constants = {(names.index("BLOCK"),): 1024, (names.index("GDC"),): False}
+    signature = {n: "constexpr" if (names.index(n),) in constants else ("*bf16" if n.endswith("_ptr") else "i32")
+                 for n in names}  # fmt: skip
+    attrs = {(0,): [["tt.divisibility", 16]], (1,): [["tt.divisibility", 16]]}
+    options = make_backend(target).parse_options({"num_warps": 4})
+    data = serialize_specialization_data("silu_mul", signature, constants, attrs, options, "key", target)
+    processes = CompileProcesses(1, str(tmp_path))
+    try:
+        module, qualname = kernel.fn.__module__, kernel.fn.__qualname__
+        assert processes.submit(module, qualname, data).result(timeout=300) == "silu_mul"
+        refused = processes.submit(module, qualname, data.replace('"*bf16"', '"*nonsense"'))
+        with pytest.raises(RuntimeError):
+            refused.result(timeout=300)
+    finally:
+        processes.shutdown()
+    files = sorted(p for _, _, ps in os.walk(tmp_path) for p in ps)
+    assert files
+    rebuilt = make_backend(target).parse_options({k: tuple(v) if isinstance(v, list) else v
+                                                  for k, v in options.__dict__.items()})  # fmt: skip
+    triton.compile(ASTSource(kernel, signature, constants, attrs), target=target, options=rebuilt.__dict__)
+    assert sorted(p for _, _, ps in os.walk(tmp_path) for p in ps) == files  # a cache hit: nothing compiled
+
+
 def test_default_workers_is_the_usable_cores():
     assert 1 <= default_workers() <= 32
 

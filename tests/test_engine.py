@@ -329,6 +329,8 @@ def test_warmup_refuses_a_prefix_past_the_slots_before_allocating(model):
     with pytest.raises(ZonosInputError, match="warmup's prefix_length 1000000"):
         model.warmup(prefix_length=10**6, progress_bar=False)
     assert time.perf_counter() - t0 < 0.5  # the random prefix alone took 2.5 s
+    with pytest.raises(ZonosInputError, match="compile_processes must be an int ≥ 0, got -1"):
+        model.warmup(compile_processes=-1, progress_bar=False)
 
 
 def test_warmup_runs_streams_together(model):

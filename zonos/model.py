@@ -628,6 +628,7 @@ class Zonos(UsesOps, nn.Module):
         logits_processor: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
         compile_ahead: bool | None = None,
         compile_threads: int | None = None,
+        compile_processes: int = 0,
     ) -> float:
         """Pay now, behind a progress bar, what the first request would pay: two short streamed requests on
         random conditioning of ``prefix_length`` tokens compile and autotune the GPU kernels (Triton keeps
@@ -647,12 +648,16 @@ class Zonos(UsesOps, nn.Module):
         (default: one per core; :mod:`zonos_accel.compile_ahead`), then, if it skipped any, replaces the engine
         (same settings, new graphs: read ``model.engine`` again after a warm-up) and warms up as above with every
         kernel compiled: on empty kernel caches the compiles overlap instead of running one after the other (H100,
-        first audio 22.2 s after the model is ready against 43.4 s; ``benchmarks/first_request.py``). Requests
+        first audio 22.2 s after the model is ready against 43.4 s; ``benchmarks/first_request.py``).
+        ``compile_processes`` > 0 compiles them in that many processes instead, which share no interpreter lock
+        (the threads then only load what the processes wrote to the kernel cache; not yet timed on a GPU). Requests
         running during a warm-up are cancelled by that replacement.
         """
         for name, value in (("prefix_length", prefix_length), ("frames", frames), ("streams", streams)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ZonosInputError(f"warmup's {name} must be a positive int, got {value!r}")
+        if isinstance(compile_processes, bool) or not isinstance(compile_processes, int) or compile_processes < 0:
+            raise ZonosInputError(f"warmup's compile_processes must be an int ≥ 0, got {compile_processes!r}")
         engine = self.engine
         needed = prefix_length + frames + N_CODEBOOKS
         if needed > engine.max_seqlen:  # before the random prefix is allocated
@@ -704,14 +709,14 @@ class Zonos(UsesOps, nn.Module):
             naming_compiles(bar),
         ):
             if compile_ahead and self.device.type == "cuda":
-                self._compile_ahead(lambda: run(1, lambda frames: None), bar, compile_threads)
+                self._compile_ahead(lambda: run(1, lambda frames: None), bar, compile_threads, compile_processes)
             run(2, bar.update)  # twice: the vocoder captures a push's graph the second time its shape occurs
             if all_prefill_lengths:
                 bar.set_description("Capturing every prefill length")
                 self.engine.prepare_prefill()  # the compile-ahead pass may have replaced the engine
         return time.perf_counter() - start
 
-    def _compile_ahead(self, dry_run: Callable[[], None], bar, threads: int | None) -> None:
+    def _compile_ahead(self, dry_run: Callable[[], None], bar, threads: int | None, processes: int = 0) -> None:
         """The warm-up's first pass (see :meth:`warmup`): ``dry_run`` with the Triton kernels it would compile
         skipped and compiled on threads, then a new engine (same settings) and graph cache in place of the ones
         the dry run ran on, whose graphs and states lack the skipped kernels' work."""
@@ -725,6 +730,7 @@ class Zonos(UsesOps, nn.Module):
             self.device,
             threads,
             on_kernel=lambda name: bar.set_postfix_str(f"found {name}", refresh=True),
+            processes=processes,
         )
         broke = False
         try:
@@ -745,7 +751,8 @@ class Zonos(UsesOps, nn.Module):
                 )  # fmt: skip
         bar.set_description("Warming up kernels and graphs")
         left = f", {failed} left to their first launch" if failed else ""
-        bar.set_postfix_str(f"{compiled} kernels compiled on {recorder.workers} threads{left}", refresh=True)
+        where = f"{processes} processes" if processes else f"{recorder.workers} threads"
+        bar.set_postfix_str(f"{compiled} kernels compiled on {where}{left}", refresh=True)
 
 
 def _chunks(handle: RequestHandle) -> Iterator[AudioChunk]:

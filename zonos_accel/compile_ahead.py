@@ -1,4 +1,4 @@
-"""Compile the Triton kernels a piece of work will launch on many threads at once, before it runs.
+"""Compile the Triton kernels a piece of work will launch on many threads (or processes) at once, before it runs.
 
 Triton compiles a kernel when it is first launched, on the launching thread, one kernel after the other: on a
 machine with empty kernel caches the model's first request spends tens of seconds there (docs/BENCHMARKS.md,
@@ -7,6 +7,10 @@ compiles run in parallel on threads. :class:`KernelRecorder` finds what to compi
 active, a launch of a kernel that is not compiled yet is skipped, and its specialization (what Triton's
 ``jit_cache_hook`` reports) is handed to a thread pool that compiles it through ``JITFunction.preload``, which
 puts it where the launch will look (the kernel's in-memory cache and Triton's disk cache).
+
+With ``processes``, the compiles run in compile processes instead (:mod:`zonos_accel.compile_worker`), which share
+no interpreter lock: each writes its kernel to Triton's disk cache, and :meth:`KernelRecorder.finish` preloads it
+from there on the threads (a cache hit); a kernel a process fails to compile is compiled on a thread instead.
 
 A recorded run is a dry run: the skipped kernels write nothing, so what they would have written holds stale
 memory, and anything captured meanwhile (CUDA graphs) is missing them. The caller runs work whose host-side
@@ -40,14 +44,19 @@ class KernelRecorder:
     show it on a progress bar). Kernels that fail to compile here are left to compile at their first real launch
     (and fail there, with the compiler's error)."""
 
-    def __init__(self, recording: Callable[[], bool], device, workers: int | None = None, on_kernel=None):
+    def __init__(
+        self, recording: Callable[[], bool], device, workers: int | None = None, on_kernel=None, processes: int = 0
+    ):
         self.recording = recording
         self.device = device  # the torch.device the work runs on: kernels compile for it and load onto it
         self.workers = workers or default_workers()
+        self.processes = processes  # compile processes (0: compile on the threads)
         self.on_kernel = on_kernel
         self.found: dict[tuple, str] = {}  # (kernel, specialization key) -> kernel name
         self._futures: list[Future] = []
+        self._compiled_apart: list[tuple] = []  # (JITFunction, specialization, Future of its compile process)
         self._pool: ThreadPoolExecutor | None = None
+        self._compilers = None
         self._previous = None
         self._lock = threading.Lock()
 
@@ -55,6 +64,10 @@ class KernelRecorder:
         from triton import knobs
 
         self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="zonos-compile")
+        if self.processes:
+            from zonos_accel.compile_worker import CompileProcesses
+
+            self._compilers = CompileProcesses(self.processes, knobs.cache.dir)  # started now: they import meanwhile
         self._previous = knobs.runtime.jit_cache_hook
         knobs.runtime.jit_cache_hook = self._hook
         return self
@@ -73,7 +86,12 @@ class KernelRecorder:
         with self._lock:
             if ident not in self.found:
                 self.found[ident] = fn.name
-                self._futures.append(self._pool.submit(self._compile, fn.jit_function, compile["specialization_data"]))
+                data = compile["specialization_data"]
+                if self._compilers is not None:
+                    apart = self._compilers.submit(fn.module, fn.name, data)
+                    self._compiled_apart.append((fn.jit_function, data, apart))
+                else:
+                    self._futures.append(self._pool.submit(self._compile, fn.jit_function, data))
                 if self.on_kernel is not None:
                     self.on_kernel(fn.name)
         return True  # skip the compile and the launch
@@ -93,6 +111,13 @@ class KernelRecorder:
         (kernels compiled, kernels that failed and will compile at their first launch)."""
         if self._pool is None:
             return 0, 0
+        if self._compilers is not None:
+            # Each process's kernel is in the disk cache by now (or failed there): preload it from there, or compile
+            # it, on the threads.
+            wait([apart for _, _, apart in self._compiled_apart])
+            self._compilers.shutdown()
+            self._compilers = None
+            self._futures += [self._pool.submit(self._compile, jit, data) for jit, data, _ in self._compiled_apart]
         done, _ = wait(self._futures)
         kernels = [f.result() for f in done if f.exception() is None]
         failed = len(done) - len(kernels)

@@ -55,6 +55,13 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
         help="the min-p threshold later requests use (0: the sampler without min-p, which the server's own warm-up "
         "compiles)",
     )
+    p.add_argument(
+        "--compile-processes",
+        type=int,
+        default=0,
+        help="compile the Triton kernels in this many processes (no shared interpreter lock) instead of on a "
+        "thread per core (0)",
+    )
     add_model_args(p)
     return p
 
@@ -66,6 +73,8 @@ def warmup_main(argv: Sequence[str] | None = None, prog: str = "zonos-tts warmup
     args = build_parser(prog).parse_args(argv)
     try:
         check_positive(args, "streams")
+        if args.compile_processes < 0:
+            raise UsageError(f"--compile-processes {args.compile_processes}: must be 0 or more")
         if not 0 <= args.min_p <= 1:
             raise UsageError(f"--min-p {args.min_p}: must be in [0, 1]")
         check_model_source(args.model, "--model", ("config.json", "model.safetensors"))
@@ -98,6 +107,7 @@ def _warmup(args: argparse.Namespace, device, cache) -> int:
         streams=args.streams,
         all_prefill_lengths=True,  # prompts of any length later
         progress_bar=not args.no_progress,
+        compile_processes=args.compile_processes,
     )
     log(f"warmed up in {time.perf_counter() - t0:.1f} s; the compiled kernels are kept in {cache.describe()}")
     return 0

@@ -220,3 +220,44 @@ def test_fused_blocks_give_the_unfused_codes_in_fp32(monkeypatch, kind):
         torch.backends.cuda.matmul.allow_tf32 = saved
     assert calls  # the fused kernels ran (in the graphs' captures)
     assert torch.equal(codes[True], codes[False])
+
+
+def test_batched_requests_equal_their_solo_runs_in_float64_with_fused_blocks(device, tmp_path):
+    """The engine with every fused block op, a float64 tiny model: requests decoded side by side (joining at
+    different steps, so they run in different buckets) give exactly the codes they give alone."""
+    if device.type == "cuda":
+        pytest.skip("the GPU's fused-block generations are compared with the op-by-op path above")
+    import importlib
+
+    from tests.test_model import _prefix
+    from tests.tiny import tiny_model
+    from zonos_accel.triton import _SOURCES, FUSED_BLOCK_OPS
+
+    def fast(name):
+        module = importlib.import_module(_SOURCES[name])
+        op = getattr(module, name)
+        return Fused(op, module.fits) if name in COMPOSITES else op
+
+    model = tiny_model(tmp_path, dtype=torch.float64, max_seqlen=96)
+    model.start_engine(slots=4)
+    model.set_backend(REFERENCE.replace("fused", **{name: fast(name) for name in FUSED_BLOCK_OPS}))
+    prefixes = [_prefix(model, text) for text in ("Hello there.", "A second sentence.", "Three!")]
+    settings = [dict(max_new_tokens=14), dict(max_new_tokens=10, cfg_scale=1.0), dict(max_new_tokens=12)]
+
+    def kwargs(i, **extra):
+        return dict(settings[i], progress_bar=False, generator=torch.Generator().manual_seed(7 + i), **extra)
+
+    solo = [model.generate(p, **kwargs(i)) for i, p in enumerate(prefixes)]
+    handles = {}
+
+    def join_next(i):
+        def callback(frame, step, max_steps):
+            if step == 2 and i + 1 < len(prefixes) and i + 1 not in handles:
+                handles[i + 1] = model.submit(prefixes[i + 1], **kwargs(i + 1, callback=join_next(i + 1)))
+            return True
+
+        return callback
+
+    handles[0] = model.submit(prefixes[0], **kwargs(0, callback=join_next(0)))
+    for i in range(len(prefixes)):
+        assert torch.equal(handles[i].result(), solo[i]), i

@@ -57,7 +57,8 @@ class Attention(UsesOps, nn.Module):
             [self.num_heads * self.head_dim, self.num_heads_kv * self.head_dim, self.num_heads_kv * self.head_dim],
             -1,
         )
-        positions = position[:, None] + torch.arange(l, device=qkv.device)  # (b, l): each row at its own position
+        # (b, l): each row at its own position; a decode token's is the row's position itself (no kernels)
+        positions = position[:, None] if l == 1 else position[:, None] + torch.arange(l, device=qkv.device)
         q = self.ops.rotate_and_cache(
             q.view(b, l, self.num_heads, self.head_dim),
             k.view(b, l, self.num_heads_kv, self.head_dim),

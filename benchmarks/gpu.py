@@ -56,21 +56,23 @@ def read_bandwidth_gbs(gib: int = 4) -> float:
 
 
 OPS_KINDS = ("torch", "triton", "triton-nopdl", "triton+gemv", "triton+sampler", "triton+gemv+sampler",
-             "triton+sampler+blocks", "triton+gemv+sampler+blocks")  # fmt: skip
+             "triton+sampler+blocks", "triton+gemv+sampler+blocks", "triton+sampler+blocks+ssm")  # fmt: skip
 
 
 def use_ops(model, kind: str, cuda_graphs: bool = True) -> None:
     """Give ``model`` the op backend ``kind`` through ``use_accelerators``: ``torch``: the reference ops;
-    ``triton``: every Triton fast path (mamba_ssm's and ours, ours launched with programmatic dependent launch);
-    ``triton-nopdl``: the same without PDL; ``triton+gemv``: the Triton paths plus the CuTeDSL GEMV for the
-    decode projections (``use_cute_gemv``); ``+sampler``: plus the fused sampler (``fused_sampling``); ``+blocks``:
-    plus every block's decode step through fused GEMVs (``fused_blocks``). The next
-    request runs it (and captures its graphs)."""
-    from zonos_accel.triton import pdl
+    ``triton``: every Triton fast path (ours, launched with programmatic dependent launch); ``triton-nopdl``: the
+    same without PDL; ``triton+gemv``: the Triton paths plus the CuTeDSL GEMV for the decode projections
+    (``use_cute_gemv``); ``+sampler``: plus the fused sampler (``fused_sampling``); ``+blocks``: plus every block's
+    decode step through fused GEMVs (``fused_blocks``); ``+ssm``: with the Mamba2 state update inside in_proj's
+    launch (``mamba_block.SSM_IN_PROJ``, read as the new backend's graphs are captured). The next request runs it
+    (and captures its graphs)."""
+    from zonos_accel.triton import mamba_block, pdl
 
     if kind not in OPS_KINDS:
         raise ValueError(f"unknown op backend {kind!r}; known: {OPS_KINDS}")
     pdl.ENABLED = kind != "triton-nopdl"
+    mamba_block.SSM_IN_PROJ = "+ssm" in kind
     model.use_accelerators(
         fast_ops=kind.startswith("triton"),
         cuda_graphs=cuda_graphs,

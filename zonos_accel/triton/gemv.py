@@ -6,7 +6,7 @@ A program owns ``BLOCK_N`` output channels and their whole reduction: it loads i
 of it at once, so every load is in flight together) before it waits for the kernel before it (under PDL; weights do
 not depend on that kernel), then, row by row, builds the input row in registers (the prologue), multiplies, and
 stores through the epilogue. Every program builds the row itself: a row is a few KB, read from L2, against the
-program's 32 KB of weights.
+program's 16 KB of weights (:data:`TILE_ELEMENTS`).
 
 Prologues (``PROLOGUE``):
 

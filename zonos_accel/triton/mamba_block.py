@@ -10,6 +10,9 @@ batch-1..8 decode (up to 16 with CFG). The op-by-op path launches six to eight p
    squares in a fixed order (the norm's scale; equal inputs give equal bits) and applies it and the norm weight to
    the gated values as it reads them.
 
+With :data:`SSM_IN_PROJ`, 1 and 2 are one launch (``_in_proj_ssm_kernel``): the tile that completes a head's inputs
+updates that head, counting with the decode cache's counters.
+
 Rounded where the op-by-op path rounds (the residual sum, the normalized row, the projections, the conv outputs and
 y to the activation dtype; the states to their own), so in float32 the codes equal that path's; sums run in other
 orders. Float64 inputs compute in float64.

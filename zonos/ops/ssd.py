@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from zonos.errors import ZonosInputError
 from zonos.ops.precision import compute_dtype
 
 
@@ -34,6 +35,29 @@ def _segment_sum(a: torch.Tensor) -> torch.Tensor:
 def _heads_from_groups(t: torch.Tensor, nheads: int) -> torch.Tensor:
     """(b, l, g, n) → (b, l, heads, n): each group serves heads // g consecutive heads."""
     return t.repeat_interleave(nheads // t.shape[2], dim=2)
+
+
+def check_scan_inputs(x, dt, A, B, C, chunk_size, D=None, initial_state=None) -> None:
+    """ZonosInputError naming the input unless :func:`ssd_scan`'s arguments agree in rank and shape (what a fast
+    scan checks before it launches; the reference's own ops raise their own errors)."""
+    if not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ZonosInputError(f"ssd_scan: chunk_size must be a positive int, got {chunk_size!r}")
+    if x.dim() != 4 or dt.dim() != 3 or B.dim() != 4 or C.shape != B.shape or A.dim() != 1:
+        raise ZonosInputError(
+            f"ssd_scan takes x (b, l, h, p), dt (b, l, h), A (h,), B and C (b, l, g, n); got x {tuple(x.shape)}, "
+            f"dt {tuple(dt.shape)}, A {tuple(A.shape)}, B {tuple(B.shape)}, C {tuple(C.shape)}"
+        )
+    b, l, h, p = x.shape
+    g, n = B.shape[2], B.shape[3]
+    if dt.shape != (b, l, h) or A.shape != (h,) or B.shape[:2] != (b, l) or h % g:
+        raise ZonosInputError(
+            f"ssd_scan: x {tuple(x.shape)}, dt {tuple(dt.shape)}, A {tuple(A.shape)} and B/C {tuple(B.shape)} do not "
+            "agree on batch, length and heads (h a multiple of the groups g)"
+        )
+    if D is not None and D.shape != (h,):
+        raise ZonosInputError(f"ssd_scan: D must have shape ({h},), got {tuple(D.shape)}")
+    if initial_state is not None and initial_state.shape != (b, h, p, n):
+        raise ZonosInputError(f"ssd_scan: initial_state must be {(b, h, p, n)}, got {tuple(initial_state.shape)}")
 
 
 def ssd_scan(

@@ -27,6 +27,7 @@ import importlib
 import torch
 
 from zonos.errors import ZonosInputError
+from zonos.ops.ssd import check_scan_inputs
 
 INSTALL_HINT = "pip install nvidia-cutlass-dsl (or 'zonos-accel[gpu]')"
 CHUNK = 256  # tokens per launch (the kernel's shared memory holds them: 212 KB with an fp32 initial state)
@@ -61,24 +62,10 @@ def require_cute_scan() -> None:
     kernel_module()
 
 
-def _check(x, dt, A, B, C, D, initial_state) -> None:
+def _check(x, dt, A, B, C, chunk_size, D, initial_state) -> None:
     """ZonosInputError naming the input unless the kernel takes these tensors as they are."""
-    if x.dim() != 4 or dt.dim() != 3 or B.dim() != 4 or C.shape != B.shape or A.dim() != 1:
-        raise ZonosInputError(
-            f"ssd_scan takes x (b, l, h, p), dt (b, l, h), A (h,), B and C (b, l, g, n); got x {tuple(x.shape)}, "
-            f"dt {tuple(dt.shape)}, A {tuple(A.shape)}, B {tuple(B.shape)}, C {tuple(C.shape)}"
-        )
-    b, l, h, p = x.shape
-    g, n = B.shape[2], B.shape[3]
-    if dt.shape != (b, l, h) or A.shape != (h,) or B.shape[:2] != (b, l) or h % g:
-        raise ZonosInputError(
-            f"ssd_scan: x {tuple(x.shape)}, dt {tuple(dt.shape)}, A {tuple(A.shape)} and B/C {tuple(B.shape)} do not "
-            "agree on batch, length and heads (h a multiple of the groups g)"
-        )
-    if D is not None and D.shape != (h,):
-        raise ZonosInputError(f"ssd_scan: D must have shape ({h},), got {tuple(D.shape)}")
-    if initial_state is not None and initial_state.shape != (b, h, p, n):
-        raise ZonosInputError(f"ssd_scan: initial_state must be {(b, h, p, n)}, got {tuple(initial_state.shape)}")
+    check_scan_inputs(x, dt, A, B, C, chunk_size, D, initial_state)
+    p, n = x.shape[3], B.shape[3]
     if x.dtype != torch.bfloat16 or B.dtype != x.dtype or C.dtype != x.dtype:
         raise ZonosInputError(f"the CuTeDSL ssd_scan takes bf16 x, B and C, got {x.dtype}, {B.dtype}, {C.dtype}")
     for name, t in (("dt", dt), ("A", A), ("D", D), ("initial_state", initial_state)):
@@ -114,9 +101,7 @@ def ssd_scan(
     in fp32. ``chunk_size`` is checked but does not change the blocking (the result does not depend on it): every
     launch covers up to :data:`CHUNK` tokens. Launches on the current stream, so it can be graph-captured once
     each padded chunk length has been compiled (call it once before capturing)."""
-    if not isinstance(chunk_size, int) or chunk_size < 1:
-        raise ZonosInputError(f"ssd_scan: chunk_size must be a positive int, got {chunk_size!r}")
-    _check(x, dt, A, B, C, D, initial_state)
+    _check(x, dt, A, B, C, chunk_size, D, initial_state)
     if not x.is_cuda:
         hint = "" if torch.cuda.is_available() else " and torch sees none (use the reference, zonos.ops.ssd_scan)"
         raise RuntimeError(f"the CuTeDSL SSD scan (use_cute_scan) needs CUDA tensors, got x on {x.device}{hint}")

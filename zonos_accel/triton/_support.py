@@ -1,4 +1,5 @@
-"""Import and device checks shared by our Triton kernels' torch-facing functions."""
+"""Import and device checks shared by our Triton kernels' torch-facing functions, and their compile for a named GPU
+without one (:func:`compile_for`)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ except ImportError as e:  # the GPU extra is not installed
         f"zonos_accel's Triton kernels need triton ({e}); install it with pip install 'zonos-accel[gpu]'"
     ) from e
 
-__all__ = ["check_tensors", "interpreting", "tl", "triton"]
+__all__ = ["check_tensors", "compile_for", "interpreting", "tl", "triton"]
 
 
 def interpreting() -> bool:
@@ -38,3 +39,18 @@ def check_tensors(op: str, **tensors: torch.Tensor | None) -> None:
             raise RuntimeError(
                 f"the Triton kernel of {op} needs all tensors on one device: {name} is on {t.device}, not {device}"
             )
+
+
+def compile_for(kernel, types: dict[str, str], constexprs: dict, num_warps: int, arch: int = 90):
+    """Compile ``kernel`` (a JITFunction) for CUDA compute capability ``arch`` on any machine, GPU or not: its
+    arguments typed by ``types`` (Triton's names, e.g. ``"*bf16"``, ``"fp32"``; others ``"i32"``) and
+    ``constexprs``. Returns Triton's compiled kernel (its ``asm["cubin"]`` is ptxas's output)."""
+    import inspect
+
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    names = inspect.signature(kernel.fn).parameters
+    signature = {n: "constexpr" if n in constexprs else types.get(n, "i32") for n in names}
+    target = GPUTarget("cuda", arch, 32)
+    return triton.compile(ASTSource(kernel, signature, constexprs), target=target, options={"num_warps": num_warps})

@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from zonos_accel.triton import pdl
-from zonos_accel.triton._support import check_tensors, tl, triton
+from zonos_accel.triton._support import check_tensors, interpreting, tl, triton
 from zonos_accel.triton.pdl import enter
 
 MAX_ROWS = 16  # rows (batch × CFG) a fused GEMV serves: its rows are unrolled; larger ones are GEMMs (cuBLAS)
@@ -197,6 +197,36 @@ def acc_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+def acc_tl(dtype: torch.dtype):
+    """:func:`acc_dtype` as the kernels' ``ACC`` constexpr."""
+    return tl.float64 if dtype == torch.float64 else tl.float32
+
+
+def gemv_constexprs(
+    m: int,
+    k: int,
+    prologue: int,
+    epilogue: int,
+    dtype: torch.dtype,
+    *,
+    residual: bool = False,
+    norm_bias: bool = False,
+    bias: bool = False,
+    groups: int = 1,
+    programs: int = 1,
+    kc: int = 1,
+    conv_bias: bool = False,
+) -> dict:
+    """The constexprs ``_gemv_kernel`` is launched with for ``m`` rows of reductions of ``k`` in ``dtype`` (all but
+    PDL's ``GDC``): what :func:`gemv` launches, and what benchmarks/kernel_resources.py and the compile test compile."""
+    return dict(
+        M=m, BLOCK_N=block_n(k, epilogue == GLU), BLOCK_K=triton.next_power_of_2(k), PROLOGUE=prologue,
+        EPILOGUE=epilogue, HAS_RESIDUAL=residual, HAS_NORM_BIAS=norm_bias, HAS_BIAS=bias, GROUPS=groups,
+        PROGRAMS=programs, PROGRAMS_P2=triton.next_power_of_2(programs), KC=kc, KCP=triton.next_power_of_2(kc),
+        HAS_CONV_BIAS=conv_bias, ACC=acc_tl(dtype),
+    )  # fmt: skip
+
+
 def gemv(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -247,24 +277,30 @@ def gemv(
     def ptr(t: torch.Tensor | None) -> torch.Tensor:
         return weight if t is None else t  # a pointer the kernel never reads (its constexpr flag is off)
 
-    tile = block_n(k, epilogue == GLU)
-    _gemv_kernel[(triton.cdiv(n, tile),)](
+    constexprs = gemv_constexprs(
+        m, k, prologue, epilogue, x.dtype, residual=residual is not None, norm_bias=norm_bias is not None,
+        bias=bias is not None, groups=groups, programs=programs, kc=kc, conv_bias=conv_bias is not None,
+    )  # fmt: skip
+    _gemv_kernel[(triton.cdiv(n, constexprs["BLOCK_N"]),)](
         x, ptr(residual), ptr(norm_weight), ptr(norm_bias), ptr(stats), weight, ptr(bias), out, ptr(total),
         ptr(state), ptr(conv_weight), ptr(conv_bias),
         n, k, *conv_args, eps, group_size,
         x.stride(0), residual.stride(0) if residual is not None else 0, weight.stride(0), out.stride(0),
         total.stride(0) if total is not None else 0, *conv_strides,
-        M=m, BLOCK_N=tile, BLOCK_K=triton.next_power_of_2(k), PROLOGUE=prologue, EPILOGUE=epilogue,
-        HAS_RESIDUAL=residual is not None, HAS_NORM_BIAS=norm_bias is not None, HAS_BIAS=bias is not None,
-        GROUPS=groups, PROGRAMS=programs, PROGRAMS_P2=triton.next_power_of_2(programs), KC=kc,
-        KCP=triton.next_power_of_2(kc), HAS_CONV_BIAS=conv_bias is not None,
-        ACC=tl.float64 if acc_dtype(x.dtype) == torch.float64 else tl.float32, num_warps=NUM_WARPS,
+        **constexprs, num_warps=NUM_WARPS,
         **pdl.options(device),
     )  # fmt: skip
     return out, total
 
 
-_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def serves(x: torch.Tensor, rows: int, k: int) -> bool:
+    """Whether the fused GEMV takes ``rows`` rows of reductions of ``k`` of ``x``'s dtype on ``x``'s device: at most
+    :data:`MAX_ROWS` and :data:`MAX_K`, a float dtype, a CUDA device (or the CPU under Triton's interpreter)."""
+    on_device = x.is_cuda or (interpreting() and x.device.type == "cpu")
+    return on_device and 0 < rows <= MAX_ROWS and k <= MAX_K and x.dtype in DTYPES
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -273,7 +309,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     weights before their wait like the fused ones; the rest (prefill, mixed dtypes) on ``F.linear``."""
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
     same = x.dtype == weight.dtype and (bias is None or bias.dtype == x.dtype)
-    if not (0 < rows <= MAX_ROWS and x.shape[-1] <= MAX_K and same and x.dtype in _DTYPES and weight.dim() == 2):
+    if not (same and weight.dim() == 2 and serves(x, rows, x.shape[-1])):
         return F.linear(x, weight, bias)
     check_tensors("linear", x=x, weight=weight, bias=bias)
     if weight.shape[1] != x.shape[-1]:

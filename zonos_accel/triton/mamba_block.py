@@ -24,7 +24,7 @@ import torch
 
 from zonos.ops.mamba_step import step_tail_shapes
 from zonos_accel.triton import gemv, pdl
-from zonos_accel.triton._support import check_tensors, interpreting, tl, triton
+from zonos_accel.triton._support import check_tensors, tl, triton
 from zonos_accel.triton.gemv import K_CONV, K_LAYER_NORM, gemv_tile
 from zonos_accel.triton.pdl import enter
 from zonos_accel.triton.state_update import _softplus
@@ -36,7 +36,6 @@ MAX_ROWS = gemv.MAX_ROWS
 SSM_IN_PROJ = False
 BLOCK_P = 16  # channels of a head per state-update program, as zonos_accel/triton/state_update.py
 STATE_WARPS = 4
-_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
 @triton.jit
@@ -141,12 +140,10 @@ def fits(
     hidden: torch.Tensor, residual, norm_weight, norm_bias, norm_eps, in_weight: torch.Tensor, conv_state, conv_weight,
     conv_bias, ssm_state: torch.Tensor, A, D, dt_bias, gate_weight, gate_eps, out_weight, counters=None,
 ) -> bool:  # fmt: skip
-    """Whether :func:`mamba_block_step` serves this call (its arguments): up to :data:`MAX_ROWS` rows of a float
-    dtype, d_model and d_inner up to :data:`gemv.MAX_K`, on a CUDA device (or the CPU under Triton's interpreter); the
-    backend composes the op of its parts for the rest."""
-    on_device = hidden.is_cuda or (interpreting() and hidden.device.type == "cpu")
-    short = max(hidden.shape[-1], ssm_state.shape[1] * ssm_state.shape[2]) <= gemv.MAX_K
-    return on_device and short and 0 < hidden.shape[0] <= MAX_ROWS and hidden.dtype in _DTYPES
+    """Whether :func:`mamba_block_step` serves this call (its arguments): its GEMVs' reductions, d_model and
+    d_inner, within :func:`gemv.serves`; the backend composes the op of its parts for the rest."""
+    d_inner = ssm_state.shape[1] * ssm_state.shape[2]
+    return gemv.serves(hidden, hidden.shape[0], max(hidden.shape[-1], d_inner))
 
 
 def mamba_block_step(
@@ -203,7 +200,7 @@ def mamba_block_step(
             raise ValueError(f"mamba_block_step's counters must be contiguous int32 zeros of shape ({h},)")
         zx, total, gated, stats = _in_proj_with_state_update(
             hidden, residual, norm_weight, norm_bias, norm_eps, in_weight, conv_state, conv_weight, conv_bias,
-            ssm_state, A, D, dt_bias, counters, tile,
+            ssm_state, A, D, dt_bias, counters,
         )  # fmt: skip
     else:
         zx, total = gemv.gemv(
@@ -217,8 +214,7 @@ def mamba_block_step(
         _ssm_gate_kernel[(tiles, h, b)](
             zx, ssm_state, A, D, dt_bias, gated, stats,
             p, n, d_inner, groups, h // groups, zx.stride(0), *ssm_state.stride(),
-            BLOCK_P=BLOCK_P, BLOCK_S=triton.next_power_of_2(n), PROGRAMS=programs,
-            ACC=tl.float64 if cdt == torch.float64 else tl.float32, num_warps=STATE_WARPS, **pdl.options(device),
+            **ssm_gate_constexprs(p, n, programs, hidden.dtype), num_warps=STATE_WARPS, **pdl.options(device),
         )  # fmt: skip
     out, _ = gemv.gemv(
         gated, out_weight, prologue=gemv.GATED_RMS, norm_weight=gate_weight, eps=gate_eps, stats=stats,
@@ -227,8 +223,30 @@ def mamba_block_step(
     return out, total
 
 
+def ssm_gate_constexprs(p: int, n: int, programs: int, dtype: torch.dtype) -> dict:
+    """The constexprs ``_ssm_gate_kernel`` is launched with (all but PDL's ``GDC``)."""
+    return dict(BLOCK_P=BLOCK_P, BLOCK_S=triton.next_power_of_2(n), PROGRAMS=programs, ACC=gemv.acc_tl(dtype))
+
+
+def in_proj_ssm_constexprs(
+    b: int, d: int, h: int, p: int, n: int, groups: int, kc: int, dtype: torch.dtype, *,
+    residual: bool = True, norm_bias: bool = True, conv_bias: bool = True,
+) -> dict:  # fmt: skip
+    """The constexprs ``_in_proj_ssm_kernel`` is launched with for ``b`` rows of a block of d_model ``d``, ``h`` heads
+    of ``p`` channels, state ``n``, ``groups`` groups and conv width ``kc`` (all but PDL's ``GDC``); its grid is
+    ``SHARED_TILES + h · HEAD_TILES`` programs."""
+    tile = gemv.block_n(d)
+    bc_tiles, dt_tiles, head_tiles = 2 * groups * n // tile, triton.cdiv(h, tile), 2 * p // tile
+    return dict(
+        M=b, BLOCK_N=tile, BLOCK_K=triton.next_power_of_2(d), HAS_RESIDUAL=residual, HAS_NORM_BIAS=norm_bias,
+        KC=kc, KCP=triton.next_power_of_2(kc), HAS_CONV_BIAS=conv_bias, BC_TILES=bc_tiles,
+        SHARED_TILES=bc_tiles + dt_tiles, HEAD_TILES=head_tiles, TARGET=2 * n // tile + 1 + head_tiles,
+        SSM_P=min(BLOCK_P, triton.next_power_of_2(p)), BLOCK_S=triton.next_power_of_2(n), ACC=gemv.acc_tl(dtype),
+    )  # fmt: skip
+
+
 def _in_proj_with_state_update(hidden, residual, norm_weight, norm_bias, eps, in_weight, conv_state, conv_weight,
-                               conv_bias, ssm_state, A, D, dt_bias, counters, tile):  # fmt: skip
+                               conv_bias, ssm_state, A, D, dt_bias, counters):  # fmt: skip
     """in_proj (its norm, conv) and the state update in one launch (``_in_proj_ssm_kernel``): (zx, residual, gated,
     per-head sums of squares (b, groups, heads per group))."""
     b, d = hidden.shape
@@ -243,19 +261,17 @@ def _in_proj_with_state_update(hidden, residual, norm_weight, norm_bias, eps, in
         total = torch.empty(b, d, device=device, dtype=torch.promote_types(hidden.dtype, residual.dtype))
     gated = torch.empty(b, d_inner, device=device, dtype=cdt)
     stats = torch.empty(b, groups, h // groups, device=device, dtype=cdt)
-    bc_tiles, dt_tiles, head_tiles = 2 * groups * n // tile, triton.cdiv(h, tile), 2 * p // tile
-    _in_proj_ssm_kernel[(bc_tiles + dt_tiles + h * head_tiles,)](
+    constexprs = in_proj_ssm_constexprs(
+        b, d, h, p, n, groups, conv_state.shape[2], hidden.dtype, residual=residual is not None,
+        norm_bias=norm_bias is not None, conv_bias=conv_bias is not None,
+    )  # fmt: skip
+    _in_proj_ssm_kernel[(constexprs["SHARED_TILES"] + h * constexprs["HEAD_TILES"],)](
         hidden, residual if residual is not None else hidden, norm_weight,
         norm_bias if norm_bias is not None else norm_weight, in_weight, zx, total, conv_state, conv_weight,
         conv_bias if conv_bias is not None else conv_weight, ssm_state, A, D, dt_bias, gated, stats, counters,
         n_in, d, eps, d_inner, conv_dim, p, n, groups, h, h // groups,
         hidden.stride(0), residual.stride(0) if residual is not None else 0, in_weight.stride(0), zx.stride(0),
         total.stride(0), *conv_state.stride(), conv_weight.stride(0), conv_weight.stride(2), *ssm_state.stride(),
-        M=b, BLOCK_N=tile, BLOCK_K=triton.next_power_of_2(d), HAS_RESIDUAL=residual is not None,
-        HAS_NORM_BIAS=norm_bias is not None, KC=conv_state.shape[2], KCP=triton.next_power_of_2(conv_state.shape[2]),
-        HAS_CONV_BIAS=conv_bias is not None, BC_TILES=bc_tiles, SHARED_TILES=bc_tiles + dt_tiles,
-        HEAD_TILES=head_tiles, TARGET=2 * n // tile + 1 + head_tiles, SSM_P=min(BLOCK_P, triton.next_power_of_2(p)),
-        BLOCK_S=triton.next_power_of_2(n), ACC=tl.float64 if cdt == torch.float64 else tl.float32,
-        num_warps=gemv.NUM_WARPS, **pdl.options(device),
+        **constexprs, num_warps=gemv.NUM_WARPS, **pdl.options(device),
     )  # fmt: skip
     return zx, total, gated, stats

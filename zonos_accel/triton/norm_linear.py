@@ -8,20 +8,15 @@ from __future__ import annotations
 import torch
 
 from zonos_accel.triton import gemv
-from zonos_accel.triton._support import check_tensors, interpreting
-
-_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+from zonos_accel.triton._support import check_tensors
 
 
 def fits(hidden: torch.Tensor, residual: torch.Tensor | None, *rest, **named) -> bool:
-    """Whether the fused GEMV serves this call: up to :data:`gemv.MAX_ROWS` rows (all dims but the last) of up to
-    :data:`gemv.MAX_K` channels of a float dtype on a CUDA device (or the CPU under Triton's interpreter); the backend
+    """Whether the fused GEMV serves this call (:func:`gemv.serves` of its rows: all dims but the last); the backend
     composes the op of its parts for the rest."""
-    on_device = hidden.is_cuda or (interpreting() and hidden.device.type == "cpu")
     rows = hidden.numel() // max(hidden.shape[-1], 1)
     same = residual is None or residual.shape == hidden.shape
-    short = hidden.shape[-1] <= gemv.MAX_K
-    return on_device and same and short and 0 < rows <= gemv.MAX_ROWS and hidden.dtype in _DTYPES
+    return same and gemv.serves(hidden, rows, hidden.shape[-1])
 
 
 def _norm_gemv(op, hidden, residual, norm_weight, norm_bias, eps, weight, bias, epilogue):

@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 
 from zonos.errors import ZonosInputError
+from zonos.ops.ssd import check_scan_inputs
 from zonos.ops.ssd import ssd_scan as reference_scan
 from zonos_accel.triton import pdl
 from zonos_accel.triton._support import check_tensors, tl, triton
@@ -161,6 +162,11 @@ def _chunk_scan_kernel(
              y.to(y_ptr.dtype.element_ty), mask=t_ok[:, None] & (rp[None, :] < P))  # fmt: skip
 
 
+def state_blocks(p: int, n: int) -> tuple[int, int]:
+    """The kernels' (head dim, state size) blocks: powers of two, at least 16 (tl.dot's smallest)."""
+    return max(16, triton.next_power_of_2(p)), max(16, triton.next_power_of_2(n))
+
+
 def ssd_scan(
     x: torch.Tensor,
     dt: torch.Tensor,
@@ -174,18 +180,10 @@ def ssd_scan(
     """Same contract as :func:`zonos.ops.ssd.ssd_scan`: y (b, l, h, p) in x's dtype and the final state (b, h, p, n)
     in float32 (float64 for float64 inputs, which run the reference). ``chunk_size`` is checked but not used (the
     blocking is :data:`CHUNK`)."""
-    if not isinstance(chunk_size, int) or chunk_size < 1:
-        raise ZonosInputError(f"ssd_scan: chunk_size must be a positive int, got {chunk_size!r}")
+    check_scan_inputs(x, dt, A, B, C, chunk_size, D, initial_state)
     check_tensors("ssd_scan", x=x, dt=dt, A=A, B=B, C=C, D=D, initial_state=initial_state)
     b, l, h, p = x.shape
     g, n = B.shape[2], B.shape[3]
-    if dt.shape != (b, l, h) or A.shape != (h,) or B.shape[:2] != (b, l) or C.shape != B.shape or h % g:
-        raise ZonosInputError(
-            f"ssd_scan: x {tuple(x.shape)}, dt {tuple(dt.shape)}, A {tuple(A.shape)}, B {tuple(B.shape)} and C "
-            f"{tuple(C.shape)} do not agree on batch, length and heads (h a multiple of the groups g)"
-        )
-    if initial_state is not None and initial_state.shape != (b, h, p, n):
-        raise ZonosInputError(f"ssd_scan: initial_state must be {(b, h, p, n)}, got {tuple(initial_state.shape)}")
     if x.dtype == torch.float64:  # the kernels compute in float32: float64 runs the reference
         return reference_scan(x, dt, A, B, C, chunk_size, D=D, initial_state=initial_state)
     if x.dtype not in _DTYPES or B.dtype != x.dtype or C.dtype != x.dtype:
@@ -199,7 +197,7 @@ def ssd_scan(
     x, B, C, dt = (t if t.stride(-1) == 1 else t.contiguous() for t in (x, B, C, dt))
     A = A.contiguous()
     chunks = triton.cdiv(l, CHUNK)
-    bp, bn = max(16, triton.next_power_of_2(p)), max(16, triton.next_power_of_2(n))
+    bp, bn = state_blocks(p, n)
     states = torch.empty(b, chunks, h, bp, bn, device=device, dtype=torch.float32)
     entering = torch.empty_like(states)
     decay = torch.empty(b, h, chunks, device=device, dtype=torch.float32)

@@ -19,13 +19,12 @@ from __future__ import annotations
 
 import argparse
 import math
-import statistics
 import sys
 import traceback
 
 import torch
 import torch.nn.functional as F
-from gpu import environment, event_times, read_bandwidth_gbs, report
+from gpu import environment, graph_us, read_bandwidth_gbs, report
 
 from zonos import ops
 
@@ -39,19 +38,6 @@ PROBLEMS = {
     "mlp fc2": (2048, 8192, "plain"),
 }
 ROTATE_BYTES = 200e6  # > 3 × the 50-60 MB L2 of an H100 / H200
-REPLAYS = 20
-
-
-def graph_us(calls) -> float:
-    """Median µs of one of ``calls`` (thunks), replayed as one CUDA graph."""
-    for c in calls[:2]:
-        c()  # compile outside the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=torch.cuda.Stream()):
-        for c in calls:
-            c()
-    return statistics.median(event_times(graph.replay, repeat=REPLAYS, warmup=3)) * 1e3 / len(calls)
 
 
 def rel(y: torch.Tensor, ref: torch.Tensor) -> float:

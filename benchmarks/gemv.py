@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import statistics
 import sys
 import time
 import traceback
@@ -31,7 +30,7 @@ from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
-from gpu import environment, event_times, read_bandwidth_gbs, report
+from gpu import environment, graph_us, read_bandwidth_gbs, report
 
 from zonos_accel.gemv import gemv
 from zonos_accel.gemv.config import (
@@ -60,25 +59,11 @@ ATTN_LAYER = ("attn qkv", "attn out", "mlp fc1", "mlp fc2")
 STEP = [MAMBA_LAYER] * MAMBA_LAYERS + [ATTN_LAYER] * ATTN_LAYERS
 ROTATE_BYTES = 200e6  # > 3 × the H200's 60 MB L2
 PEAK_BYTES_PER_S = 4.8e12  # H200 HBM3e datasheet: nothing reads faster
-REPLAYS = 20
 rejected: list[str] = []
 
 
 def weights_for(n: int, k: int, copies: int) -> list[torch.Tensor]:
     return [(torch.randn(n, k, device="cuda") * k**-0.5).to(torch.bfloat16) for _ in range(copies)]
-
-
-def graph_us(calls) -> float:
-    """Median µs of one call of ``calls`` (a list of thunks), replayed as one CUDA graph."""
-    for c in calls[:2]:
-        c()  # compile / pick kernels outside the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=torch.cuda.Stream()):
-        for c in calls:
-            c()
-    ms = statistics.median(event_times(graph.replay, repeat=REPLAYS, warmup=3))
-    return ms * 1e3 / len(calls)
 
 
 def checked(us: float, nbytes: float, what: str) -> float | None:

@@ -48,6 +48,19 @@ def event_times(fn, repeat: int, warmup: int = 3) -> list[float]:
     return [s.elapsed_time(e) for s, e in zip(starts, ends)]
 
 
+def graph_us(calls, replays: int = 20) -> float:
+    """Median µs of one call of ``calls`` (a list of thunks), replayed as one CUDA graph captured on a side stream
+    (the first two called once before, to compile and pick kernels outside the capture)."""
+    for c in calls[:2]:
+        c()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=torch.cuda.Stream()):
+        for c in calls:
+            c()
+    return statistics.median(event_times(graph.replay, repeat=replays, warmup=3)) * 1e3 / len(calls)
+
+
 def read_bandwidth_gbs(gib: int = 4) -> float:
     """Device read bandwidth from a sum over ``gib`` GiB of bf16 (median of 10)."""
     x = torch.empty(gib * 2**29, device="cuda", dtype=torch.bfloat16).normal_()

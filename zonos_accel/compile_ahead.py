@@ -38,7 +38,8 @@ def default_workers() -> int:
 
 class KernelRecorder:
     """While entered (``with``), Triton launches that would compile are skipped and their kernels compiled on
-    ``workers`` threads; :meth:`finish` then waits for them and loads them. Only launches for which ``recording()``
+    ``workers`` threads (with ``processes`` > 0: in that many compile processes, then preloaded from the kernel cache
+    on the threads); :meth:`finish` then waits for them and loads them. Only launches for which ``recording()``
     is true on the launching thread are skipped (say, the thread of the work being recorded), so other work in the
     process runs as usual. ``on_kernel(name)`` is called on the launching thread for each kernel found (e.g. to
     show it on a progress bar). Kernels that fail to compile here are left to compile at their first real launch

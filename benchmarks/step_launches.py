@@ -12,7 +12,6 @@ sampler (two launches with the fused sampler) are not in the count. The structur
 
 from __future__ import annotations
 
-import importlib
 import os
 from collections import Counter
 
@@ -27,8 +26,8 @@ from triton.runtime import interpreter  # noqa: E402
 from tests.tiny import random_state_dict, real_config  # noqa: E402
 from zonos.config import ZonosConfig  # noqa: E402
 from zonos.model import Zonos  # noqa: E402
-from zonos.ops.backend import COMPOSITES, REFERENCE, Fused  # noqa: E402
-from zonos_accel.triton import _SOURCES, DEFAULT_OPS, FUSED_BLOCK_OPS, gemv, mamba_block  # noqa: E402
+from zonos.ops.backend import REFERENCE  # noqa: E402
+from zonos_accel.triton import DEFAULT_OPS, FUSED_BLOCK_OPS, fast_entry, gemv, mamba_block  # noqa: E402
 
 NO_KERNEL = {"view", "_unsafe_view", "as_strided", "split", "split_with_sizes", "slice", "select", "unsqueeze",
              "squeeze", "t", "transpose", "permute", "expand", "alias", "detach", "reshape", "unflatten",
@@ -79,9 +78,7 @@ def backend(name: str, names: tuple[str, ...], counts: Counts):
                     counts.quiet -= 1
 
             return one_launch
-        module = importlib.import_module(_SOURCES[op])
-        fn = getattr(module, op)
-        return Fused(fn, module.fits) if op in COMPOSITES else fn
+        return fast_entry(op)
 
     return REFERENCE.replace(name, **{op: fast(op) for op in names if op != "ssd_scan"})  # prefill only
 

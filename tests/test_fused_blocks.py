@@ -16,7 +16,7 @@ import torch
 
 from tests.kernel_checks import TARGETS, kernel_device, kernel_dtypes, poison_allocator, rel_error
 from zonos import ops
-from zonos.ops.backend import COMPOSITES, REFERENCE, Fused
+from zonos.ops.backend import REFERENCE, Fused
 
 
 @pytest.fixture(scope="module", params=TARGETS)
@@ -165,21 +165,19 @@ def test_generate_with_fused_blocks_gives_the_reference_codes(device, kind):
     the reference backend's codes, and each fused kernel ran."""
     if device.type == "cuda":
         pytest.skip("the GPU test below runs the whole accelerated path")
-    import importlib
-
-    from zonos_accel.triton import _SOURCES, FUSED_BLOCK_OPS
+    from zonos_accel.triton import FUSED_BLOCK_OPS, fast_entry
 
     calls = set()
 
     def traced(name):
-        module = importlib.import_module(_SOURCES[name])
-        fast = getattr(module, name)
+        entry = fast_entry(name)
+        fast = entry.fast if isinstance(entry, Fused) else entry
 
         def op(*args, **kwargs):
             calls.add(name)
             return fast(*args, **kwargs)
 
-        return Fused(op, module.fits) if name in COMPOSITES else op  # linear serves every call itself
+        return Fused(op, entry.fits) if isinstance(entry, Fused) else op  # linear serves every call itself
 
     fused = REFERENCE.replace("fused", **{name: traced(name) for name in FUSED_BLOCK_OPS})
     model = _tiny(kind, "cpu")
@@ -227,20 +225,13 @@ def test_batched_requests_equal_their_solo_runs_in_float64_with_fused_blocks(dev
     different steps, so they run in different buckets) give exactly the codes they give alone."""
     if device.type == "cuda":
         pytest.skip("the GPU's fused-block generations are compared with the op-by-op path above")
-    import importlib
-
     from tests.test_model import _prefix
     from tests.tiny import tiny_model
-    from zonos_accel.triton import _SOURCES, FUSED_BLOCK_OPS
-
-    def fast(name):
-        module = importlib.import_module(_SOURCES[name])
-        op = getattr(module, name)
-        return Fused(op, module.fits) if name in COMPOSITES else op
+    from zonos_accel.triton import FUSED_BLOCK_OPS, fast_entry
 
     model = tiny_model(tmp_path, dtype=torch.float64, max_seqlen=96)
     model.start_engine(slots=4)
-    model.set_backend(REFERENCE.replace("fused", **{name: fast(name) for name in FUSED_BLOCK_OPS}))
+    model.set_backend(REFERENCE.replace("fused", **{name: fast_entry(name) for name in FUSED_BLOCK_OPS}))
     prefixes = [_prefix(model, text) for text in ("Hello there.", "A second sentence.", "Three!")]
     settings = [dict(max_new_tokens=14), dict(max_new_tokens=10, cfg_scale=1.0), dict(max_new_tokens=12)]
 

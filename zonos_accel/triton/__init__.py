@@ -82,6 +82,14 @@ def fast_op(name: str):
         raise ImportError(f"the Triton fast path of {name} needs triton ({e}); install it with {INSTALL_HINT}") from e
 
 
+def fast_entry(name: str):
+    """What a backend is given for op ``name``'s fast path (``Backend.replace``): a :class:`Fused` (the kernel and
+    the calls it fits) for a composite op, else the fast function itself (which takes the tensors it is given: on the
+    CPU only under Triton's interpreter)."""
+    fast = fast_op(name)
+    return Fused(fast, importlib.import_module(_SOURCES[name]).fits) if name in COMPOSITES else fast
+
+
 def _on_cuda(fast, reference):
     @functools.wraps(reference)
     def op(*args, **kwargs):
@@ -102,8 +110,6 @@ def triton_backend(base: Backend = REFERENCE, names: tuple[str, ...] = DEFAULT_O
         raise ValueError(f"unknown op(s) {sorted(unknown)}; known: {list(OPS)}")
     fast = {}
     for name in names:
-        if name in COMPOSITES:  # a fused kernel where it fits, the composition of the backend's parts elsewhere
-            fast[name] = Fused(fast_op(name), importlib.import_module(_SOURCES[name]).fits)
-        else:
-            fast[name] = _on_cuda(fast_op(name), base.op(name))
+        entry = fast_entry(name)  # a Fused kernel serves where it fits, the composition of the parts elsewhere
+        fast[name] = entry if isinstance(entry, Fused) else _on_cuda(entry, base.op(name))
     return base.replace(f"{base.name}+triton" if base.name != "torch" else "triton", **fast)

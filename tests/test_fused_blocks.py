@@ -115,6 +115,8 @@ def test_plain_linear(device, rows, k, n, bias):
         assert rel_error(out, ref) <= 2 * rel_error(same, ref) + 1e-6
     many = torch.randn(gemv.MAX_ROWS + 1, 8, device=device)
     assert torch.equal(gemv.linear(many, many[:4]), torch.nn.functional.linear(many, many[:4]))
+    with pytest.raises(ValueError, match="does not match weight"):
+        gemv.linear(many[:2], torch.randn(4, 9, device=device))
 
 
 @pytest.mark.parametrize("glu", [False, True])
